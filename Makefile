@@ -1,0 +1,29 @@
+# Two commands on a fresh machine:  `make demo` (set up + run the main job), `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: setup demo test lint bench
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# torch first: this exact pair makes `import unsloth` work on a CPU-only machine.
+	$(PIP) install torch==2.14.1 torchvision==0.29.1
+	$(PIP) install -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(PY) examples/quickstart.py
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: setup
+	$(PY) bench/erl_overhead.py

@@ -1,0 +1,1 @@
+"""Curriculum: task families with difficulty levels and the controller that raises them."""

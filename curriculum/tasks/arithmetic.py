@@ -1,0 +1,104 @@
+"""Arithmetic: evaluate a short integer expression; levels grow digits and terms.
+
+Level 1 (two single-digit numbers added) is easy enough that the project's tiny model
+learns it on a CPU in minutes, which the offline demo relies on.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from curriculum.tasks.base import Evaluation, Row, Task, TaskConfig
+
+# level -> (digits per number, number of terms, operators drawn from)
+LEVELS: dict[int, tuple[int, int, str]] = {
+    1: (1, 2, "+"),
+    2: (1, 3, "+-"),
+    3: (2, 2, "+-"),
+    4: (2, 3, "+-"),
+    5: (2, 3, "+-*"),
+    6: (3, 4, "+-*"),
+}
+
+SYSTEM_PROMPT = "Compute the result. Reply only with <answer>N</answer>."
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+_STRICT = re.compile(r"\s*<answer>\s*(-?\d+)\s*</answer>\s*")
+
+
+@dataclass
+class ArithmeticConfig(TaskConfig):
+    pass
+
+
+class ArithmeticTask(Task):
+    """Integer expressions such as `3+4` or `12-7*3`; the reply is `<answer>N</answer>`."""
+
+    name = "arithmetic"
+    config_class = ArithmeticConfig
+    signals = ("format", "correctness", "milestones")
+
+    @property
+    def num_levels(self) -> int:
+        return len(LEVELS)
+
+    def _generate_one(self, level: int, rng: random.Random) -> Row:
+        digits, terms, ops = LEVELS[level]
+        low = 0 if digits == 1 else 10 ** (digits - 1)
+        numbers = [rng.randint(low, 10**digits - 1) for _ in range(terms)]
+        operators = [rng.choice(ops) for _ in range(terms - 1)]
+        expression = str(numbers[0]) + "".join(f"{op}{n}" for op, n in zip(operators, numbers[1:]))
+        return self.make_row(level, SYSTEM_PROMPT, expression, str(_calculate(numbers, operators)))
+
+    def reference(self, row: Row) -> str:
+        return f"<answer>{row['answer']}</answer>"
+
+    def evaluate(self, row: Row, completion: str) -> Evaluation:
+        expected = int(row["answer"])
+        tag = _ANSWER_TAG.search(completion)
+        if tag is None:
+            return Evaluation(0.0, {"format": 0.0, "correctness": 0.0, "milestones": 0.0},
+                              error="No <answer>...</answer> tag found; reply exactly <answer>N</answer>.")
+        strict = _STRICT.fullmatch(completion)
+        content = tag.group(1).strip()
+        feedback: dict[str, str] = {}
+        if strict is None:
+            feedback["format"] = (
+                "The reply must be exactly <answer>N</answer> with an integer N and nothing else."
+            )
+        if not re.fullmatch(r"-?\d+", content):
+            shown = content[:40] + ("..." if len(content) > 40 else "")
+            feedback["correctness"] = f"The answer {shown!r} is not an integer."
+            return Evaluation(0.0, {"format": 0.0, "correctness": 0.0, "milestones": 0.0}, feedback)
+        value = int(content)
+        # Partial credit: how close the value is, relative to the size of the answer.
+        closeness = max(0.0, 1.0 - abs(value - expected) / max(10, abs(expected)))
+        correct = strict is not None and value == expected
+        if value != expected:
+            direction = "too low" if value < expected else "too high"
+            feedback["correctness"] = f"The answer {value} is wrong: it is {direction}."
+            if self.config.reveal_answer:
+                feedback["correctness"] += f" The correct answer is {expected}."
+            feedback["milestones"] = f"The answer {value} is off by {abs(value - expected)}."
+        breakdown = {
+            "format": 1.0 if strict is not None else 0.5,
+            "correctness": 1.0 if correct else 0.0,
+            "milestones": closeness,
+        }
+        return Evaluation(breakdown["correctness"], breakdown, feedback)
+
+
+def _calculate(numbers: list[int], operators: list[str]) -> int:
+    """Value of the expression with the usual precedence (× before + and −)."""
+    # Fold multiplications into the term they belong to, then add the signed terms.
+    terms = [numbers[0]]
+    signs = [1]
+    for op, n in zip(operators, numbers[1:]):
+        if op == "*":
+            terms[-1] *= n
+        else:
+            terms.append(n)
+            signs.append(1 if op == "+" else -1)
+    return sum(s * t for s, t in zip(signs, terms))

@@ -1,0 +1,91 @@
+"""Choosing the backend: Unsloth when it can, plain transformers + PEFT otherwise.
+
+`import unsloth` must come before trl/transformers/peft: on a GPU it rewrites TRL's
+trainers and rebinds `trl.GRPOTrainer` to its own class. So the backend is chosen once
+per process, before anything imports trl, by `activate_backend()`; the modules that
+subclass TRL classes (`pipeline.erl_config`, `pipeline.erl_trainer`) call it at import.
+
+Choose with `activate_backend("unsloth" | "transformers" | "auto")` before importing
+`ERLConfig`/`ERLTrainer`, or with the environment variable `ERL_BACKEND`. `auto` takes
+Unsloth when a CUDA GPU is present and Unsloth is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+BACKENDS = ("auto", "unsloth", "transformers")
+BACKEND_ENV = "ERL_BACKEND"
+
+_active: str | None = None
+
+
+def resolve_backend(name: str = "auto") -> str:
+    """The concrete backend ("unsloth" or "transformers") that `name` stands for."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; valid backends: {list(BACKENDS)}")
+    if name != "auto":
+        return name
+    return "unsloth" if cuda_available() and importlib.util.find_spec("unsloth") else "transformers"
+
+
+def activate_backend(name: str | None = None) -> str:
+    """Set up the backend for this process (once) and return its concrete name.
+
+    `name` None keeps the active backend, or reads `ERL_BACKEND` (default "auto") when
+    none is active yet. Asking for a different backend
+    after one is active is an error: the import order that decides it is already fixed.
+    """
+    global _active
+    if name is None and _active is not None:
+        return _active  # the modules that subclass TRL classes call this without a name
+    resolved = resolve_backend(name or os.environ.get(BACKEND_ENV, "auto"))
+    if _active is not None:
+        if resolved != _active:
+            raise RuntimeError(
+                f"backend {_active!r} is already active in this process and cannot be switched to "
+                f"{resolved!r}; choose it before importing ERLConfig/ERLTrainer (or set {BACKEND_ENV})"
+            )
+        return _active
+    if resolved == "unsloth":
+        import unsloth  # noqa: F401  (must precede trl: on a GPU it rebinds trl.GRPOTrainer)
+    from pipeline.cpu_logprob import install_cpu_logprob_fallback
+
+    install_cpu_logprob_fallback()
+    _active = resolved
+    return resolved
+
+
+def active_backend() -> str | None:
+    """The backend activated in this process, or None before `activate_backend`."""
+    return _active
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def unsloth_patches_trainers() -> bool:
+    """Whether Unsloth rewrote TRL's trainers (it does so only on a GPU)."""
+    return _active == "unsloth" and cuda_available()
+
+
+def check_trainer_base(base: type) -> None:
+    """Fail loudly when the backend is Unsloth on a GPU but `base` is not Unsloth's trainer."""
+    import trl
+
+    if unsloth_patches_trainers() and not base.__name__.startswith("Unsloth"):
+        raise RuntimeError(
+            f"the Unsloth backend is active but ERLTrainer is built on {base.__module__}.{base.__name__}, "
+            f"not Unsloth's patched GRPOTrainer (trl.GRPOTrainer is now {trl.GRPOTrainer.__name__}). "
+            "Import unsloth (or call pipeline.activate_backend('unsloth')) before importing ERLTrainer."
+        )
+    if base is not trl.GRPOTrainer:
+        raise RuntimeError(
+            f"ERLTrainer is built on {base.__name__} but trl.GRPOTrainer is now {trl.GRPOTrainer.__name__}: "
+            "something rebound TRL's trainer after ERLTrainer was imported (e.g. `import unsloth` after "
+            "`from pipeline import ERLTrainer`). Import unsloth first, or set ERL_BACKEND."
+        )

@@ -1,0 +1,95 @@
+"""`ERLConfig`: GRPOConfig plus the Experiential RL settings."""
+
+from __future__ import annotations
+
+import math
+import string
+from dataclasses import dataclass, field
+
+from pipeline.backend import activate_backend
+
+activate_backend()  # before trl: on a GPU, Unsloth rebinds trl.GRPOConfig / trl.GRPOTrainer
+
+from trl import GRPOConfig  # noqa: E402
+
+DEFAULT_REFLECTION_PROMPT = (
+    "You tried to solve this task:\n{prompt}\n\n"
+    "Your attempt:\n{attempt}\n\n"
+    "Feedback: {feedback}\nReward: {reward}\n\n"
+    "Lessons from similar tasks:\n{memory}\n\n"
+    "In one or two sentences, say what went wrong and how to fix it. Do not give the final answer."
+)
+DEFAULT_RETRY_PROMPT = "{prompt}\n\nAdvice from your previous attempt: {reflection}"
+
+REFLECTION_PLACEHOLDERS = ("prompt", "attempt", "feedback", "reward", "memory")
+RETRY_PLACEHOLDERS = ("prompt", "reflection")
+
+
+def template_fields(template: str) -> set[str]:
+    """The `{placeholder}` names used in a str.format template."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+
+
+@dataclass
+class ERLConfig(GRPOConfig):
+    """GRPOConfig plus the Experiential RL settings (see the README's "The ERL step")."""
+
+    reward_threshold: float = field(
+        default=1.0,
+        metadata={"help": "Gating threshold: first attempts with reward r1 below it reflect and retry."},
+    )
+    memory_size: int = field(
+        default=50, metadata={"help": "Most successful reflections kept in the cross-episode memory (FIFO)."}
+    )
+    memory_top_k: int = field(
+        default=3, metadata={"help": "Stored reflections retrieved (most relevant first) per reflection prompt."}
+    )
+    reflection_system_prompt: str = field(
+        default=DEFAULT_REFLECTION_PROMPT,
+        metadata={"help": "Reflection template; placeholders {prompt} {attempt} {feedback} {reward} {memory}."},
+    )
+    retry_system_prompt: str = field(
+        default=DEFAULT_RETRY_PROMPT,
+        metadata={"help": "Retry template; placeholders {prompt} {reflection}."},
+    )
+    internalization_coef: float = field(
+        default=1.0,
+        metadata={"help": "Weight of the internalization loss (CE on original prompt -> successful retry)."},
+    )
+    enable_memory: bool = field(default=True, metadata={"help": "Use the cross-episode reflection memory."})
+    enable_internalization: bool = field(
+        default=True, metadata={"help": "Distil successful retries into answers to the original prompt."}
+    )
+    reflection_max_completion_length: int | None = field(
+        default=None,
+        metadata={"help": "Max tokens of a reflection (default: max_completion_length). Retries use "
+                  "max_completion_length, since they are trained as answers to the original prompt."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not math.isfinite(self.reward_threshold):
+            raise ValueError(f"reward_threshold must be finite, got {self.reward_threshold}")
+        for name in ("memory_size", "memory_top_k"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.internalization_coef) and self.internalization_coef >= 0):
+            raise ValueError(f"internalization_coef must be a finite number >= 0, got {self.internalization_coef}")
+        if self.reflection_max_completion_length is not None and self.reflection_max_completion_length < 1:
+            raise ValueError(
+                f"reflection_max_completion_length must be >= 1, got {self.reflection_max_completion_length}"
+            )
+        for name, allowed in (
+            ("reflection_system_prompt", REFLECTION_PLACEHOLDERS),
+            ("retry_system_prompt", RETRY_PLACEHOLDERS),
+        ):
+            try:
+                used = template_fields(getattr(self, name))
+            except ValueError as err:  # e.g. a lone "{"
+                raise ValueError(f"{name} is not a valid template: {err}") from err
+            unknown = sorted(used - set(allowed))
+            if unknown:
+                raise ValueError(
+                    f"{name} uses unknown placeholder(s) {unknown}; allowed: {list(allowed)} "
+                    "(write literal braces as {{ and }})"
+                )

@@ -1,0 +1,44 @@
+"""ERLConfig: the seed's defaults and clear errors for bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import ERLConfig
+
+
+def make(**kwargs):
+    return ERLConfig(output_dir="unused", use_cpu=True, bf16=False, **kwargs)
+
+
+def test_seed_defaults():
+    config = make()
+    assert (config.reward_threshold, config.memory_size, config.memory_top_k) == (1.0, 50, 3)
+    assert config.internalization_coef == 1.0
+    assert config.enable_memory and config.enable_internalization
+    for placeholder in ("{prompt}", "{attempt}", "{feedback}", "{reward}", "{memory}"):
+        assert placeholder in config.reflection_system_prompt
+    assert "{prompt}" in config.retry_system_prompt and "{reflection}" in config.retry_system_prompt
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"reflection_system_prompt": "Fix {answer}"}, r"reflection_system_prompt.*\['answer'\]"),
+        ({"retry_system_prompt": "{prompt} {feedback}"}, r"retry_system_prompt.*\['feedback'\]"),
+        ({"retry_system_prompt": "{prompt"}, "retry_system_prompt is not a valid template"),
+        ({"memory_size": -1}, "memory_size must be >= 0, got -1"),
+        ({"memory_top_k": -2}, "memory_top_k must be >= 0, got -2"),
+        ({"internalization_coef": float("nan")}, "internalization_coef"),
+        ({"reward_threshold": float("inf")}, "reward_threshold"),
+        ({"reflection_max_completion_length": 0}, "reflection_max_completion_length"),
+    ],
+)
+def test_bad_values_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make(**kwargs)
+
+
+def test_literal_braces_are_allowed():
+    config = make(retry_system_prompt="{prompt} -- JSON like {{\"a\": 1}} -- {reflection}")
+    assert config.retry_system_prompt.format(prompt="p", reflection="r") == 'p -- JSON like {"a": 1} -- r'

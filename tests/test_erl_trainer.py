@@ -1,0 +1,264 @@
+"""ERLTrainer on the tiny model: real generation, real scoring, real updates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import alternating_reward, completion_text, length_reward
+from peft import LoraConfig
+
+from pipeline import ERLConfig, ERLTrainer
+from pipeline.erl_trainer import _retry_advantages
+
+
+def test_quick_start_trains_with_lora(tiny_model_dir, arithmetic_dataset, tmp_path):
+    """The seed's Quick Start with `from pipeline import ...`, the tiny model and LoRA."""
+
+    def feedback_func(completions, **kwargs):
+        return [f"Your answer was: {completion_text(c)[:20]}" for c in completions]
+
+    config = ERLConfig(
+        output_dir=str(tmp_path / "erl-output"),
+        num_train_epochs=1,
+        max_steps=2,
+        learning_rate=1e-3,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        reward_threshold=1.0,
+        memory_size=50,
+        memory_top_k=3,
+        internalization_coef=1.0,
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+    )
+    lora_config = LoraConfig(r=8, lora_alpha=8, target_modules="all-linear")
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=config,
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+        feedback_func=feedback_func,
+        peft_config=lora_config,
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    assert any("lora" in n for n in before)
+    assert any(not torch.equal(before[n], after[n]) for n in before), "LoRA weights did not move"
+    logged = [h for h in trainer.state.log_history if "erl/r1_mean" in h]
+    assert len(logged) == 2
+    for key in ("erl/r1_mean", "erl/gated_fraction", "erl/memory_size", "erl/internalization_rows"):
+        assert key in logged[0]
+
+
+def test_gate_closed_trains_exactly_like_grpo(tiny_model_dir, arithmetic_dataset, erl_args):
+    """Threshold below every reward: same seed, same parameters as GRPOTrainer after N steps."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    erl = erl_args(reward_threshold=-1.0, max_steps=3)
+    shared = (
+        "output_dir",
+        "per_device_train_batch_size",
+        "num_generations",
+        "max_completion_length",
+        "max_steps",
+        "learning_rate",
+        "bf16",
+        "use_cpu",
+        "report_to",
+        "logging_steps",
+        "save_strategy",
+        "seed",
+    )
+    grpo = GRPOConfig(**{name: getattr(erl, name) for name in shared})
+
+    def run(trainer_cls, args, **extra):
+        trainer = trainer_cls(
+            model=tiny_model_dir,
+            args=args,
+            train_dataset=arithmetic_dataset,
+            reward_funcs=length_reward,
+            **extra,
+        )
+        initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+        return (
+            initial,
+            {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+            trainer,
+        )
+
+    initial, grpo_params, _ = run(GRPOTrainer, grpo)
+    _, erl_params, erl_trainer = run(
+        ERLTrainer, erl, feedback_func=lambda completions, **kw: [""] * len(completions)
+    )
+    assert any(not torch.equal(initial[n], grpo_params[n]) for n in initial), "GRPO did not train"
+    for name in grpo_params:
+        assert torch.equal(grpo_params[name], erl_params[name]), name
+    gated = [
+        h["erl/gated_fraction"] for h in erl_trainer.state.log_history if "erl/gated_fraction" in h
+    ]
+    assert gated == [0.0, 0.0, 0.0]
+
+
+def test_gate_open_every_row_reflects_and_retries(tiny_model_dir, arithmetic_dataset, erl_args):
+    reward, calls = alternating_reward()
+    feedback_calls = []
+
+    def feedback_func(prompts, completions, answer, **kwargs):
+        feedback_calls.append(len(completions))
+        return ["The answer is wrong."] * len(completions)
+
+    args = erl_args(reward_threshold=0.5, internalization_coef=0.7)
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=args,
+        train_dataset=arithmetic_dataset,
+        reward_funcs=reward,
+        feedback_func=feedback_func,
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    out = trainer._generate_and_score_completions(batch)
+
+    n = len(batch)
+    assert feedback_calls == [n]
+    first, retry = calls
+    # y2 is scored against the ORIGINAL rows: their prompts and answer column, in order.
+    assert retry["prompts"] == first["prompts"]
+    assert retry["answer"] == first["answer"] == [row["answer"] for row in batch]
+    # y1 rows + reflection rows + retry rows + one internalization row per successful retry.
+    assert out["prompt_ids"].size(0) == 4 * n
+    assert out["advantages"][3 * n :].tolist() == pytest.approx([0.7] * n)
+    assert len(trainer.memory) == n
+    for key in ("prompt_mask", "completion_ids", "completion_mask", "advantages"):
+        assert out[key].size(0) == 4 * n
+    assert out["num_items_in_batch"].item() == out["completion_mask"].sum().item()
+    metrics = trainer._metrics["train"]
+    assert metrics["erl/gated_fraction"] == [1.0]
+    assert metrics["erl/retry_success_rate"] == [1.0]
+    assert metrics["erl/internalization_rows"] == [float(n)]
+    assert math.isfinite(metrics["erl/internalization_loss"][0])
+
+
+def test_feedback_func_wrong_count_names_the_function(tiny_model_dir, arithmetic_dataset, erl_args):
+    def my_feedback(completions, **kwargs):
+        return ["too short"]
+
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=erl_args(reward_threshold=2.0),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+        feedback_func=my_feedback,
+    )
+    with pytest.raises(ValueError, match="my_feedback.*returned 1 feedback strings, but 8"):
+        trainer.train()
+
+
+def test_args_must_be_erl_config(tiny_model_dir, arithmetic_dataset, tmp_path):
+    from trl import GRPOConfig
+
+    with pytest.raises(TypeError, match="ERLConfig"):
+        ERLTrainer(
+            model=tiny_model_dir,
+            args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False),
+            train_dataset=arithmetic_dataset,
+            reward_funcs=length_reward,
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"gradient_accumulation_steps": 2},
+        {"steps_per_generation": 2},
+        {"num_iterations": 2},
+        {"beta": 0.1},
+        {"loss_type": "grpo"},
+        {"loss_type": "dr_grpo"},
+        {"loss_type": "dapo", "steps_per_generation": 4, "gradient_accumulation_steps": 2},
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_merged_batch_trains_under_grpo_variants(
+    tiny_model_dir, arithmetic_dataset, erl_args, overrides
+):
+    """Every row gated, under gradient accumulation, generation reuse, KL and loss types."""
+    args = erl_args(reward_threshold=2.0, max_steps=2, **overrides)
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=args,
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+        feedback_func=lambda completions, **kw: ["no"] * len(completions),
+    )
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert logs and all(math.isfinite(h["loss"]) for h in logs)
+    # ERL metrics are logged on the steps that generate (not on buffered reuse steps).
+    gated = [h["erl/gated_fraction"] for h in logs if "erl/gated_fraction" in h]
+    assert gated and all(g == 1.0 for g in gated)
+    if overrides.get("beta"):
+        assert all("kl" in h for h in logs)
+    assert any(not torch.equal(initial[n], p) for n, p in trainer.model.named_parameters())
+
+
+def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    """Optional per-token tensors get rows exactly when GRPO's batch has them; the row
+    count becomes a multiple of steps_per_generation with fully masked filler rows."""
+    from pipeline.erl_trainer import _NewRows
+
+    args = erl_args(steps_per_generation=4, beta=0.1)
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=args,
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+    )
+    b, p, c = 8, 5, 3
+    output = {
+        "prompt_ids": torch.ones(b, p, dtype=torch.long),
+        "prompt_mask": torch.ones(b, p, dtype=torch.long),
+        "completion_ids": torch.ones(b, c, dtype=torch.long),
+        "completion_mask": torch.ones(b, c, dtype=torch.long),
+        "advantages": torch.zeros(b),
+        "num_items_in_batch": torch.tensor(b * c),
+        "ref_per_token_logps": torch.zeros(b, c),
+    }
+    rows = _NewRows([[5, 6], [7]], [[8, 9, 10, 11, 12], [13]], [0.5, -0.5], [True, True])
+    merged = trainer._merge_rows(output, rows)
+    assert merged["prompt_ids"].size(0) == 12  # 8 + 2 real + 2 filler, a multiple of 4
+    assert merged["completion_ids"].shape == (12, 5) and merged["ref_per_token_logps"].shape == (
+        12,
+        5,
+    )
+    assert "old_per_token_logps" not in merged
+    assert merged["completion_mask"][10:].sum() == 0  # filler rows are fully masked
+    assert merged["completion_mask"][8].tolist() == [1, 1, 1, 1, 1]
+    assert merged["completion_mask"][9].tolist() == [1, 0, 0, 0, 0]
+    assert merged["prompt_ids"][9].tolist() == [trainer._tokenizer.pad_token_id] * 4 + [7]
+    assert merged["advantages"][8:].tolist() == [0.5, -0.5, 0.0, 0.0]
+    assert merged["num_items_in_batch"].item() == b * c + 6
+
+
+def test_retry_advantages_group_normalised_or_r2_minus_r1():
+    r1 = torch.tensor([0.0, 0.2, 0.1, 0.3])
+    r2 = torch.tensor([1.0, 0.0, 0.5, 0.9])
+    adv = _retry_advantages(
+        ["a", "a", "b", "pad"], r1, r2, valid=[True, True, True, False], scale=False
+    )
+    assert adv[0] == pytest.approx(0.5) and adv[1] == pytest.approx(-0.5)
+    assert adv[2] == pytest.approx(0.5 - 0.1)  # alone in its group: r2 - r1
+    assert adv[3] == 0.0  # filler rows carry no signal
+    scaled = _retry_advantages(["a", "a"], r1[:2], r2[:2], valid=[True, True], scale=True)
+    assert scaled[0] == pytest.approx(0.5 / (torch.tensor([1.0, 0.0]).std().item() + 1e-4))

@@ -1,0 +1,79 @@
+"""The reflection memory: FIFO order, top-k relevance, persistence, survival across resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.memory import MEMORY_FILE, ReflectionMemory
+
+
+def test_fifo_drops_the_oldest():
+    memory = ReflectionMemory(max_size=3)
+    for i in range(5):
+        memory.add(f"prompt {i}", f"lesson {i}", step=i)
+    assert [e.reflection for e in memory] == ["lesson 2", "lesson 3", "lesson 4"]
+    assert len(memory) == 3
+
+
+def test_retrieval_ranks_by_relevance_then_recency():
+    memory = ReflectionMemory(max_size=10)
+    memory.add("sokoban push the box left", "boxes in corners are lost", step=1)
+    memory.add("add 3 and 4", "carry the one", step=2)
+    memory.add("add 5 and 6", "write only the number", step=3)
+    memory.add("frozen lake holes", "avoid holes", step=4)
+    assert memory.retrieve("add 3 and 9", k=2) == ["carry the one", "write only the number"]
+    # Equal relevance (no shared word): the most recent comes first.
+    assert memory.retrieve("zzz", k=2) == ["avoid holes", "write only the number"]
+    assert memory.retrieve("add", k=0) == []
+
+
+def test_zero_size_memory_stores_nothing_and_negative_is_an_error():
+    memory = ReflectionMemory(max_size=0)
+    memory.add("p", "r", step=0)
+    assert len(memory) == 0
+    with pytest.raises(ValueError, match="max_size"):
+        ReflectionMemory(max_size=-1)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    memory = ReflectionMemory(max_size=2)
+    for i in range(3):
+        memory.add(f"p{i}", f"r{i}", step=i)
+    path = memory.save(tmp_path)
+    assert path.name == MEMORY_FILE
+    restored = ReflectionMemory(max_size=2)
+    assert restored.load(tmp_path)
+    assert restored.state_dict() == memory.state_dict()
+    restored.add("p3", "r3", step=3)  # insertion order continues after a restore
+    assert [e.reflection for e in restored] == ["r2", "r3"]
+    assert not ReflectionMemory(2).load(tmp_path / "missing")
+
+
+@pytest.mark.slow
+def test_memory_is_checkpointed_and_restored_on_resume(tiny_model_dir, arithmetic_dataset, erl_args, tmp_path):
+    from conftest import alternating_reward
+
+    from pipeline import ERLTrainer
+
+    reward, _ = alternating_reward()
+    args = erl_args(reward_threshold=0.5, max_steps=2, save_strategy="steps", save_steps=1)
+    trainer = ERLTrainer(model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset, reward_funcs=reward)
+    trainer.train()
+    assert len(trainer.memory) == 16  # every retry of both steps succeeded
+    first = json.loads((tmp_path / "out" / "checkpoint-1" / MEMORY_FILE).read_text())
+    assert len(first["entries"]) == 8
+
+    # Resume from step 1 and train step 2: the restored entries come first, then step 2's.
+    reward, _ = alternating_reward()
+    resumed = ERLTrainer(model=tiny_model_dir, args=erl_args(reward_threshold=0.5, max_steps=2),
+                         train_dataset=arithmetic_dataset, reward_funcs=reward)
+    assert len(resumed.memory) == 0
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+    state = resumed.memory.state_dict()
+    assert state["entries"][:8] == first["entries"]
+    assert len(state["entries"]) == 16 and state["added"] == 16
+
+    trainer.save_model(str(tmp_path / "final"))
+    assert len(json.loads((tmp_path / "final" / MEMORY_FILE).read_text())["entries"]) == 16

@@ -1,0 +1,45 @@
+"""ERLTrainer overrides private GRPOTrainer methods: an upgrade must fail here, loudly."""
+
+from __future__ import annotations
+
+import inspect
+
+import trl
+from trl import GRPOTrainer
+
+# The private GRPOTrainer methods ERLTrainer overrides or calls, with TRL 1.15.0's signatures.
+EXPECTED_SIGNATURES = {
+    "_calculate_rewards": "(self, inputs, prompts, completions, completion_ids_list)",
+    "_generate_and_score_completions": "(self, inputs: list[dict[str, torch.Tensor | typing.Any]]) -> dict[str, torch.Tensor | typing.Any]",
+    "_load_optimizer_and_scheduler": "(self, checkpoint)",
+    "_generate_single_turn": "(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False)",
+    "_tokenize_prompts": "(self, prompts: list)",
+    "save_model": "(self, output_dir: str | None = None, _internal_call: bool = False)",
+}
+
+
+def test_trl_version_is_the_pinned_one():
+    assert trl.__version__ == "1.15.0", "ERLTrainer is written against TRL 1.15.0's private API"
+
+
+def test_overridden_private_signatures_are_unchanged():
+    for name, expected in EXPECTED_SIGNATURES.items():
+        assert str(inspect.signature(getattr(GRPOTrainer, name))) == expected, name
+
+
+def test_logps_helper_takes_the_arguments_erl_passes():
+    params = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
+    assert params[:6] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"]
+
+
+def test_private_attributes_erl_uses_exist(tiny_model_dir, arithmetic_dataset, erl_args):
+    from conftest import length_reward
+
+    from pipeline import ERLTrainer
+
+    trainer = ERLTrainer(model=tiny_model_dir, args=erl_args(), train_dataset=arithmetic_dataset,
+                         reward_funcs=length_reward)
+    for attribute in ("_metrics", "_pending_extra_logs", "_pending_metrics", "_tokenizer",
+                      "generation_config", "generation_kwargs", "reward_weights", "use_vllm", "ref_model"):
+        assert hasattr(trainer, attribute), attribute
+    assert trainer.generation_kwargs["max_new_tokens"] == trainer.generation_config.max_new_tokens
