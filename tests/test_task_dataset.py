@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from curriculum.tasks import get_task
-from curriculum.tasks.dataset_task import answers_match, extract_answer, parse_number
+from curriculum.tasks.answer_tags import extract_answer
+from curriculum.tasks.dataset_task import answers_match, parse_number
 
 datasets = pytest.importorskip("datasets")
 

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from curriculum.tasks import get_task
-from curriculum.tasks.frozenlake import LEVELS, MOVES, SYSTEM_PROMPT, FrozenLakeTask, parse_plan
+from curriculum.tasks.frozenlake import LEVELS, SYSTEM_PROMPT, FrozenLakeTask
+from curriculum.tasks.move_plan import MOVES, parse_plan
 
 TASK = FrozenLakeTask()
 
@@ -128,6 +129,15 @@ def test_format_is_lenient_in_case_and_separators_but_strict_around_the_tag():
     assert "Token 3 'X'" in bad_token.feedback["format"]
     assert bad_token.feedback["correctness"].startswith("The plan stops at (0,2)")
     assert score("<answer>RRDD</answer>").error is not None  # moves must be separated
+
+
+def test_parser_reads_the_last_answer_tag_and_allows_no_think_block():
+    # The last tag, as in every family: a model that corrects itself is scored on its fix.
+    corrected = parse_plan("<answer>U</answer> no: <answer>R R D D</answer>", 200)
+    assert corrected.moves == ["R", "R", "D", "D"] and not corrected.strict
+    assert score("<answer>U</answer> no: <answer>R R D D</answer>").breakdown["milestones"] == 1.0
+    thought = parse_plan("<think>right, then down</think><answer>R R D D</answer>", 200)
+    assert thought.moves == ["R", "R", "D", "D"] and not thought.strict
 
 
 def test_reveal_answer_controls_whether_feedback_shows_a_plan():

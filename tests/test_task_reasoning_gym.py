@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -234,7 +235,7 @@ def test_module_does_not_import_reasoning_gym_until_used():
         "import sys, curriculum.tasks.reasoning_gym_adapter; "
         "assert 'reasoning_gym' not in sys.modules"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
 
 _TASKS: dict = {}

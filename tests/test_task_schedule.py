@@ -11,14 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from curriculum.tasks import get_task
-from curriculum.tasks.schedule import (
-    LEVELS,
+from curriculum.tasks.schedule import LEVELS, SYSTEM_PROMPT, ScheduleTask
+from curriculum.tasks.schedule_agenda import (
     MAX_ACTIONS,
-    SYSTEM_PROMPT,
     Agenda,
     Item,
     Plan,
-    ScheduleTask,
     conflicts,
     minutes,
     parse_plan,

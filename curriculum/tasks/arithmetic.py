@@ -10,6 +10,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from curriculum.tasks.answer_tags import extract_answer, shorten
 from curriculum.tasks.base import Evaluation, Row, Task, TaskConfig
 
 # level -> (digits per number, number of terms, operators drawn from)
@@ -24,7 +25,8 @@ LEVELS: dict[int, tuple[int, int, str]] = {
 
 SYSTEM_PROMPT = "Compute the result. Reply only with <answer>N</answer>."
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+# Strict means exactly `<answer>N</answer>`, no think block: a lenient match taught the
+# project's tiny model not to stop after the answer.
 _STRICT = re.compile(r"\s*<answer>\s*(-?\d+)\s*</answer>\s*")
 
 
@@ -57,20 +59,22 @@ class ArithmeticTask(Task):
 
     def evaluate(self, row: Row, completion: str) -> Evaluation:
         expected = int(row["answer"])
-        tag = _ANSWER_TAG.search(completion)
+        tag = extract_answer(completion)
         if tag is None:
-            return Evaluation(0.0, {"format": 0.0, "correctness": 0.0, "milestones": 0.0},
-                              error="No <answer>...</answer> tag found; reply exactly <answer>N</answer>.")
+            return Evaluation(
+                0.0,
+                {"format": 0.0, "correctness": 0.0, "milestones": 0.0},
+                error="No <answer>...</answer> tag found; reply exactly <answer>N</answer>.",
+            )
         strict = _STRICT.fullmatch(completion)
-        content = tag.group(1).strip()
+        content = tag.text
         feedback: dict[str, str] = {}
         if strict is None:
             feedback["format"] = (
                 "The reply must be exactly <answer>N</answer> with an integer N and nothing else."
             )
         if not re.fullmatch(r"-?\d+", content):
-            shown = content[:40] + ("..." if len(content) > 40 else "")
-            feedback["correctness"] = f"The answer {shown!r} is not an integer."
+            feedback["correctness"] = f"The answer {shorten(content)!r} is not an integer."
             return Evaluation(0.0, {"format": 0.0, "correctness": 0.0, "milestones": 0.0}, feedback)
         value = int(content)
         # Partial credit: how close the value is, relative to the size of the answer.

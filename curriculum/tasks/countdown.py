@@ -18,6 +18,13 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
+from curriculum.tasks.answer_tags import (
+    extract_answer,
+    failed_evaluation,
+    no_tag,
+    only_tag_feedback,
+    shorten,
+)
 from curriculum.tasks.base import Evaluation, Row, Task, TaskConfig
 
 
@@ -146,8 +153,7 @@ def _describe_syntax_error(text: str) -> str:
     bad = next((c for c in text if c not in _ALLOWED_CHARS), None)
     if bad is not None:
         return f"The character {bad!r} is not allowed; use digits, + - * / and parentheses."
-    shown = text[:40] + ("..." if len(text) > 40 else "")
-    return f"{shown!r} is not a well-formed arithmetic expression."
+    return f"{shorten(text)!r} is not a well-formed arithmetic expression."
 
 
 def _check_depth(root: ast.AST) -> None:
@@ -166,7 +172,7 @@ def _check_elements(nodes: list[ast.AST]) -> None:
             continue
         if isinstance(node, ast.Constant):
             if type(node.value) is not int:
-                raise _Rejected(f"The constant {_short(repr(node.value))} is not an integer.")
+                raise _Rejected(f"The constant {shorten(repr(node.value), 30)} is not an integer.")
         elif isinstance(node, ast.operator):
             if type(node) not in _OPERATORS:
                 name = _OPERATOR_NAMES.get(type(node), type(node).__name__)
@@ -175,7 +181,7 @@ def _check_elements(nodes: list[ast.AST]) -> None:
             if isinstance(node, ast.UnaryOp) and not isinstance(node.op, ast.USub):
                 raise _Rejected("Only unary minus is allowed in front of a number.")
         elif isinstance(node, ast.Name):
-            raise _Rejected(f"Names such as {_short(node.id)!r} are not allowed; use numbers.")
+            raise _Rejected(f"Names such as {shorten(node.id, 30)!r} are not allowed; use numbers.")
         elif isinstance(node, ast.Call):
             raise _Rejected("Function calls are not allowed; use only numbers and + - * /.")
         elif isinstance(node, ast.Attribute):
@@ -203,12 +209,8 @@ def _value(node: ast.AST) -> Fraction:
     if op == "*":
         return left * right
     if right == 0:
-        raise ZeroDivisionError(f"It divides by zero: {_short(ast.unparse(node.right))} is 0.")
+        raise ZeroDivisionError(f"It divides by zero: {shorten(ast.unparse(node.right), 30)} is 0.")
     return left / right
-
-
-def _short(text: str, limit: int = 30) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _times(count: int) -> str:
@@ -230,28 +232,6 @@ def usage_problem(numbers: tuple[int, ...], given: list[int]) -> str | None:
                 f"The number {number} is used {_times(used)} but given {_times(available[number])}."
             )
     return None
-
-
-# ---------------------------------------------------------------------------------------
-# Answer extraction (linear time even on megabyte completions)
-
-
-def split_answer(completion: str) -> tuple[str | None, bool]:
-    """The content of the last <answer> tag and whether the reply is exactly that tag,
-    optionally after one <think>...</think> block."""
-    close = completion.rfind("</answer>")
-    open_ = completion.rfind("<answer>", 0, close) if close >= 0 else -1
-    if open_ < 0:
-        return None, False
-    prefix = completion[:open_].strip()
-    suffix = completion[close + len("</answer>") :].strip()
-    thought = (
-        prefix.startswith("<think>")
-        and prefix.endswith("</think>")
-        and prefix.count("<think>") == 1
-        and prefix.count("</think>") == 1
-    )
-    return completion[open_ + len("<answer>") : close], suffix == "" and (prefix == "" or thought)
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,12 +271,12 @@ class CountdownTask(Task):
         meta = self.meta(row)
         given, target = list(meta["numbers"]), int(meta["target"])
         zeros = dict.fromkeys(self.signals, 0.0)
-        content, strict = split_answer(completion) if isinstance(completion, str) else (None, False)
-        if content is None:
-            message = "No <answer>...</answer> tag found; reply <answer>EXPRESSION</answer>."
-            return Evaluation(0.0, zeros, dict.fromkeys(self.signals, message), error=message)
+        answer = extract_answer(completion)
+        if answer is None:
+            return failed_evaluation(self.signals, no_tag("EXPRESSION"))
+        strict = answer.strict
 
-        result = evaluate_expression(content, self.config.max_expression_chars)
+        result = evaluate_expression(answer.text, self.config.max_expression_chars)
         if result.syntax_error is not None:
             return Evaluation(0.0, zeros, {
                 "format": result.syntax_error,
@@ -307,10 +287,7 @@ class CountdownTask(Task):
 
         feedback: dict[str, str] = {}
         if not strict:
-            feedback["format"] = (
-                "Reply with only <answer>EXPRESSION</answer> (a <think>...</think> block before "
-                "it is allowed) and no other text."
-            )
+            feedback["format"] = only_tag_feedback("EXPRESSION")
         rule = result.rule_error or usage_problem(result.numbers, given)
         if rule is not None:
             feedback["plausibility"] = rule

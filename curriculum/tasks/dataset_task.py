@@ -6,8 +6,6 @@ The table is a folder written by `datasets.Dataset.save_to_disk`, a local data f
 column, sorted, become levels 1..N. The model replies `<answer>...</answer>`, optionally
 after a `<think>...</think>` block; the answer is matched after whitespace and case
 normalisation, and numerically when both sides are numbers.
-
-This module also holds the `<answer>` tag helpers that the reasoning-gym adapter shares.
 """
 
 from __future__ import annotations
@@ -20,6 +18,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from curriculum.tasks.answer_tags import (
+    NO_ANSWER,
+    extract_answer,
+    failed_evaluation,
+    free_answer_verdict,
+    shorten,
+)
 from curriculum.tasks.base import Evaluation, Row, Task, TaskConfig
 
 SYSTEM_PROMPT = (
@@ -29,80 +34,10 @@ SYSTEM_PROMPT = (
 MATCH_MODES = ("exact", "numeric")
 FILE_FORMATS = (".json", ".jsonl", ".csv", ".parquet")
 
-_OPEN, _CLOSE = "<answer>", "</answer>"
 # A plain decimal, optionally with thousands separators, or a fraction a/b. No exponent:
 # `Fraction("1e999999999")` would build a gigantic integer from hostile model output.
 _NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:/\d+)?|[+-]?\.\d+")
 _MAX_NUMBER_CHARS = 100
-
-
-# ----------------------------------------------------------------------------- answer tags
-
-
-@dataclass(frozen=True)
-class TaggedAnswer:
-    """What `extract_answer` found: the answer text and whether the reply was well formed."""
-
-    text: str
-    """The stripped content of the last `<answer>...</answer>` pair."""
-    strict: bool
-    """True when the reply is exactly one answer, optionally after one think block."""
-
-
-def extract_answer(completion: str) -> TaggedAnswer | None:
-    """The last `<answer>...</answer>` in `completion`, or None when there is none.
-
-    Uses only `str.find`/`rfind`, so a hostile megabyte of unclosed tags stays linear
-    (a lazy `<answer>(.*?)</answer>` regex is quadratic on such input).
-    """
-    if not isinstance(completion, str):
-        return None
-    end = completion.rfind(_CLOSE)
-    if end < 0:
-        return None
-    start = completion.rfind(_OPEN, 0, end)
-    if start < 0:
-        return None
-    close = completion.find(_CLOSE, start)  # the first close after the last open
-    text = completion[start + len(_OPEN) : close]
-    before, after = completion[:start].strip(), completion[close + len(_CLOSE) :].strip()
-    strict = not after and _is_think_block(before) and _OPEN not in before
-    return TaggedAnswer(text.strip(), strict)
-
-
-def _is_think_block(text: str) -> bool:
-    """True for "" or one `<think>...</think>` block with no other tags around it."""
-    if not text:
-        return True
-    return (
-        text.startswith("<think>")
-        and text.endswith("</think>")
-        and text.count("<think>") == 1
-        and text.count("</think>") == 1
-    )
-
-
-def shorten(text: str, limit: int = 40) -> str:
-    """`text` cut to `limit` characters for feedback sentences."""
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-NO_ANSWER = "No <answer>...</answer> tag found; give the final answer inside one."
-
-
-def failed_evaluation(signals: tuple[str, ...], message: str) -> Evaluation:
-    """The verdict on a reply that cannot be scored: every signal 0, `message` everywhere."""
-    return Evaluation(0.0, dict.fromkeys(signals, 0.0), dict.fromkeys(signals, message), message)
-
-
-def format_feedback(answer: TaggedAnswer) -> str | None:
-    """The `format` feedback sentence for a parsed reply, None when the format is right."""
-    if answer.strict:
-        return None
-    return (
-        "Reply with one <answer>...</answer>, optionally after one <think>...</think> "
-        "block, and nothing else."
-    )
 
 
 # ----------------------------------------------------------------------------- matching
@@ -375,28 +310,9 @@ class DatasetTask(Task):
         if answer is None:
             return failed_evaluation(self.signals, NO_ANSWER)
         expected = str(row["answer"])
-        feedback: dict[str, str] = {}
-        fmt = format_feedback(answer)
-        if fmt is not None:
-            feedback["format"] = fmt
         matched = answers_match(answer.text, expected, self.config.match)
-        if matched and not answer.strict:
-            feedback["correctness"] = (
-                "The answer is right but counts in full only in a well-formed reply."
-            )
-        elif not matched:
-            feedback["correctness"] = (
-                "The answer is empty."
-                if not answer.text
-                else f"The answer {shorten(answer.text)!r} is not correct."
-            )
-            if self.config.reveal_answer:
-                feedback["correctness"] += f" The correct answer is {shorten(expected)!r}."
-        # A right answer in a malformed reply earns half: a lenient match taught the
-        # project's tiny model not to stop after the answer.
-        correctness = (1.0 if answer.strict else 0.5) if matched else 0.0
-        breakdown = {"format": 1.0 if answer.strict else 0.5, "correctness": correctness}
-        return Evaluation(correctness, breakdown, feedback)
+        reveal = expected if self.config.reveal_answer else None
+        return free_answer_verdict(answer, 1.0 if matched else 0.0, reveal)
 
 
 def _is_json_scalar(value: Any) -> bool:

@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from curriculum.tasks.base import Evaluation, Row, Task, TaskConfig
-from curriculum.tasks.dataset_task import (
+from curriculum.tasks.answer_tags import (
     NO_ANSWER,
-    SYSTEM_PROMPT,
     extract_answer,
     failed_evaluation,
-    format_feedback,
+    free_answer_verdict,
     shorten,
 )
+from curriculum.tasks.base import Evaluation, Row, Task, TaskConfig
+from curriculum.tasks.dataset_task import SYSTEM_PROMPT
 
 # Datasets refused, audited in reasoning-gym 0.1.25. Most have a `score_answer` that hands
 # the answer to `eval` or `sympy.parse_expr` (a test re-checks the sources of all others):
@@ -290,26 +290,8 @@ class ReasoningGymTask(Task):
                 f"The answer {shorten(answer.text)!r} could not be checked ({type(exc).__name__}).",
             )
         score = min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
-        feedback: dict[str, str] = {}
-        fmt = format_feedback(answer)
-        if fmt is not None:
-            feedback["format"] = fmt
-        if score < 1.0:
-            feedback["correctness"] = (
-                "The answer is empty."
-                if not answer.text
-                else f"The answer {shorten(answer.text)!r} is not correct."
-            )
-            if self.config.reveal_answer and expected is not None:
-                feedback["correctness"] += f" The correct answer is {shorten(str(expected))!r}."
-        elif not answer.strict:
-            feedback["correctness"] = (
-                "The answer is right but counts in full only in a well-formed reply."
-            )
-        # A right answer in a malformed reply earns half, as in the dataset family.
-        correctness = score if answer.strict else 0.5 * score
-        breakdown = {"format": 1.0 if answer.strict else 0.5, "correctness": correctness}
-        return Evaluation(correctness, breakdown, feedback)
+        reveal = str(expected) if self.config.reveal_answer and expected is not None else None
+        return free_answer_verdict(answer, score, reveal)
 
 
 def _curriculum_fields(curriculum: Any) -> list[str]:

@@ -14,6 +14,7 @@ every item must stay inside the day. Actions apply in order; an invalid one is s
 The generator builds a conflict-free day first and then displaces some movable items, so
 moving them back always solves it (the reference) and no cancellation is ever needed:
 a conflict-free plan that cancels anything earns only `cancel_credit` correctness.
+The agenda and plan model (parsing and applying plans) lives in `schedule_agenda.py`.
 """
 
 from __future__ import annotations
@@ -22,12 +23,27 @@ import json
 import random
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
 
+from curriculum.tasks.answer_tags import (
+    extract_answer,
+    failed_evaluation,
+    no_tag,
+    only_tag_feedback,
+)
 from curriculum.tasks.base import Evaluation, Row, Task, TaskConfig
-
-# The answer-tag splitter is shared with countdown (linear time on megabyte completions).
-from curriculum.tasks.countdown import split_answer
+from curriculum.tasks.schedule_agenda import (
+    Agenda,
+    Item,
+    Plan,
+    agenda_from_meta,
+    apply_plan,
+    conflicts,
+    describe,
+    listed_items,
+    minutes,
+    parse_plan,
+    to_clock,
+)
 
 
 @dataclass(frozen=True)
@@ -69,188 +85,6 @@ SYSTEM_PROMPT = (
 )
 
 
-MAX_ANSWER_CHARS = 8000  # longer JSON is rejected before json.loads sees it
-MAX_ACTIONS = 32
-_CLOCK = re.compile(r"(\d{1,2}):(\d{2})")
-_ACTION_KEYS = {"move": {"action", "id", "start"}, "cancel": {"action", "id"}}
-
-
-# ---------------------------------------------------------------------------------------
-# Agenda and plan
-
-
-class Item(NamedTuple):
-    """One agenda entry; times are minutes after midnight."""
-
-    title: str
-    start: int
-    end: int
-    fixed: bool
-
-
-@dataclass(frozen=True)
-class Agenda:
-    """A day's span and its items by id."""
-
-    day_start: int
-    day_end: int
-    items: dict[str, Item]
-
-
-@dataclass(frozen=True)
-class Action:
-    """One parsed action: move `item_id` to `start` ("HH:MM" as written), or cancel it."""
-
-    kind: str
-    item_id: str
-    start: str | None = None
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A parsed reply: actions in order and the rationale (None when absent)."""
-
-    actions: tuple[Action, ...]
-    rationale: str | None
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The agenda after a plan, and what went wrong on the way."""
-
-    agenda: Agenda
-    problems: list[str]  # one sentence per skipped action
-    cancelled: set[str]
-    acted: list[str]  # ids of real items that the plan's actions name, first mention first
-
-
-def minutes(clock: str) -> int | None:
-    """Minutes after midnight of an "HH:MM" string, or None when it is not a valid time."""
-    match = _CLOCK.fullmatch(clock.strip())
-    if match is None or int(match[1]) > 23 or int(match[2]) > 59:
-        return None
-    return int(match[1]) * 60 + int(match[2])
-
-
-def to_clock(value: int) -> str:
-    """ "HH:MM" for minutes after midnight."""
-    return f"{value // 60:02d}:{value % 60:02d}"
-
-
-def describe(agenda: Agenda, item_id: str) -> str:
-    """ "m2 (10:00-11:00)"."""
-    item = agenda.items[item_id]
-    return f"{item_id} ({to_clock(item.start)}-{to_clock(item.end)})"
-
-
-def conflicts(agenda: Agenda) -> list[tuple[str, str]]:
-    """Overlapping pairs (ids ordered by start time); touching end to start is no overlap."""
-    ordered = sorted(agenda.items, key=lambda i: (agenda.items[i].start, i))
-    return [
-        (a, b)
-        for n, a in enumerate(ordered)
-        for b in ordered[n + 1 :]
-        if agenda.items[a].start < agenda.items[b].end
-        and agenda.items[b].start < agenda.items[a].end
-    ]
-
-
-def parse_plan(text: str) -> Plan | str:
-    """The plan in a JSON answer, or one sentence saying why it does not fit the schema.
-
-    >>> parse_plan('{"actions": [{"action": "cancel", "id": "m1"}]}').actions[0].item_id
-    'm1'
-    """
-    text = text.strip()
-    if len(text) > MAX_ANSWER_CHARS:
-        return f"The answer is {len(text)} characters long; the limit is {MAX_ANSWER_CHARS}."
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as error:
-        # ValueError covers JSONDecodeError and integers too long to convert.
-        return f"The answer is not valid JSON ({str(error)[:80]})."
-    if not isinstance(data, dict):
-        return 'The answer must be a JSON object {"actions": [...], "rationale": "..."}.'
-    unknown = sorted(str(k)[:20] for k in data if k not in ("actions", "rationale"))
-    if unknown:
-        return f'Unknown key(s) {unknown}; the object takes only "actions" and "rationale".'
-    actions, rationale = data.get("actions"), data.get("rationale")
-    if not isinstance(actions, list):
-        return 'The object needs an "actions" list.'
-    if len(actions) > MAX_ACTIONS:
-        return f"The plan has {len(actions)} actions; the limit is {MAX_ACTIONS}."
-    if rationale is not None and not isinstance(rationale, str):
-        return 'The "rationale" must be a string.'
-    parsed = []
-    for number, action in enumerate(actions, start=1):
-        if not isinstance(action, dict) or action.get("action") not in _ACTION_KEYS:
-            return f'Action {number} must be an object whose "action" is "move" or "cancel".'
-        kind = action["action"]
-        extra = sorted(str(k)[:20] for k in set(action) - _ACTION_KEYS[kind])
-        if extra:
-            keys = ", ".join(f'"{k}"' for k in sorted(_ACTION_KEYS[kind]))
-            return f"Action {number} has unknown key(s) {extra}; a {kind} takes only {keys}."
-        if not isinstance(action.get("id"), str):
-            return f'Action {number} needs an "id" string.'
-        if kind == "move" and not isinstance(action.get("start"), str):
-            return f'Action {number} (move) needs a "start" string "HH:MM".'
-        parsed.append(Action(kind, action["id"], action.get("start")))
-    return Plan(tuple(parsed), rationale)
-
-
-def apply_plan(agenda: Agenda, plan: Plan) -> Outcome:
-    """Apply the plan's actions in order, skipping (and describing) each invalid one."""
-    items = dict(agenda.items)
-    problems: list[str] = []
-    cancelled: set[str] = set()
-    acted: list[str] = []
-    for action in plan.actions:
-        shown = action.item_id[:20]
-        if action.item_id not in agenda.items:
-            problems.append(f"There is no item with id {shown!r}.")
-            continue
-        if action.item_id not in acted:
-            acted.append(action.item_id)
-        item = agenda.items[action.item_id]
-        verb = "moved" if action.kind == "move" else "cancelled"
-        if item.fixed:
-            problems.append(f"{shown} is fixed and cannot be {verb}.")
-        elif action.item_id in cancelled:
-            problems.append(f"{shown} was already cancelled and cannot be {verb} again.")
-        elif action.kind == "cancel":
-            cancelled.add(action.item_id)
-            del items[action.item_id]
-        else:
-            problem, start = _check_move(agenda, action)
-            if problem:
-                problems.append(problem)
-            else:
-                items[action.item_id] = item._replace(
-                    start=start, end=start + item.end - item.start
-                )
-    return Outcome(Agenda(agenda.day_start, agenda.day_end, items), problems, cancelled, acted)
-
-
-def _check_move(agenda: Agenda, action: Action) -> tuple[str | None, int]:
-    item, start = agenda.items[action.item_id], minutes(action.start or "")
-    if start is None:
-        return f"{(action.start or '')[:20]!r} for {action.item_id} is not a time; use HH:MM.", 0
-    end = start + item.end - item.start
-    if start < agenda.day_start:
-        return (
-            f"Moving {action.item_id} to {to_clock(start)} starts before the day starts at "
-            f"{to_clock(agenda.day_start)}.",
-            0,
-        )
-    if end > agenda.day_end:
-        return (
-            f"Moving {action.item_id} to {to_clock(start)} ends at {to_clock(end % 1440)}, after "
-            f"the day ends at {to_clock(agenda.day_end)}.",
-            0,
-        )
-    return None, start
-
-
 # ---------------------------------------------------------------------------------------
 # Task
 
@@ -290,7 +124,7 @@ class ScheduleTask(Task):
         spec = LEVELS[level]
         agenda, solution = _draw_agenda(spec, rng)
         pairs = conflicts(agenda)
-        listing = "\n".join(json.dumps(item) for item in _listing(agenda))
+        listing = "\n".join(json.dumps(item) for item in listed_items(agenda))
         shown = "; ".join(f"{a} overlaps {b}" for a, b in pairs) if spec.show_conflicts else None
         user = (
             f"Day: {to_clock(agenda.day_start)}-{to_clock(agenda.day_end)}\nItems:\n{listing}\n"
@@ -300,7 +134,7 @@ class ScheduleTask(Task):
         said = ", ".join(f"{i} to {to_clock(s)}" for i, s in solution)
         answer = json.dumps({"actions": moves, "rationale": f"Move {said} so nothing overlaps."})
         meta = {
-            "items": _listing(agenda),
+            "items": listed_items(agenda),
             "day": [to_clock(agenda.day_start), to_clock(agenda.day_end)],
             "conflicts": [list(p) for p in pairs],
         }
@@ -312,24 +146,20 @@ class ScheduleTask(Task):
     # Verification -----------------------------------------------------------------
 
     def evaluate(self, row: Row, completion: str) -> Evaluation:
-        agenda = _agenda_from_meta(self.meta(row))
-        zeros = dict.fromkeys(self.signals, 0.0)
-        content, strict = split_answer(completion) if isinstance(completion, str) else (None, False)
-        if content is None:
-            message = (
-                'No <answer>...</answer> tag found; reply <answer>{"actions": [...]}</answer>.'
-            )
-            return Evaluation(0.0, zeros, dict.fromkeys(self.signals, message), error=message)
-        plan = parse_plan(content)
+        agenda = agenda_from_meta(self.meta(row))
+        answer = extract_answer(completion)
+        if answer is None:
+            return failed_evaluation(self.signals, no_tag('{"actions": [...]}'))
+        plan = parse_plan(answer.text)
         if isinstance(plan, str):
-            return Evaluation(0.0, zeros, {
+            return Evaluation(0.0, dict.fromkeys(self.signals, 0.0), {
                 "format": plan,
                 "plausibility": "The plan could not be read, so none of its actions were applied.",
                 "milestones": "No conflict was resolved because the plan could not be read.",
                 "correctness": "The agenda still has its conflicts; send a valid JSON plan.",
                 "reasoning": 'Give a short "rationale" naming the items you act on.',
             })  # fmt: skip
-        return self._score_plan(row, agenda, plan, strict)
+        return self._score_plan(row, agenda, plan, answer.strict)
 
     def _score_plan(self, row: Row, agenda: Agenda, plan: Plan, strict: bool) -> Evaluation:
         outcome = apply_plan(agenda, plan)
@@ -338,10 +168,7 @@ class ScheduleTask(Task):
         remaining, created = sorted(before & after), sorted(after - before)
         feedback: dict[str, str] = {}
         if not strict:
-            feedback["format"] = (
-                'Reply with only <answer>{"actions": [...], "rationale": "..."}</answer> '
-                "(a <think>...</think> block before it is allowed) and no other text."
-            )
+            feedback["format"] = only_tag_feedback('{"actions": [...], "rationale": "..."}')
         n_actions = len(plan.actions)
         plausibility = 1.0 - len(outcome.problems) / n_actions if n_actions else 1.0
         if outcome.problems:
@@ -462,25 +289,3 @@ def _draw_agenda(spec: ScheduleLevel, rng: random.Random) -> tuple[Agenda, list[
     agenda = Agenda(day_start, day_end, items)
     solution = sorted((ids[k], starts[k]) for k in displaced)
     return agenda, solution
-
-
-def _listing(agenda: Agenda) -> list[dict]:
-    """The items as the prompt and `meta` show them, in order of start time."""
-    return [
-        {
-            "id": i,
-            "title": it.title,
-            "start": to_clock(it.start),
-            "end": to_clock(it.end),
-            "fixed": it.fixed,
-        }
-        for i, it in sorted(agenda.items.items(), key=lambda kv: (kv[1].start, kv[0]))
-    ]
-
-
-def _agenda_from_meta(meta: dict) -> Agenda:
-    items = {
-        it["id"]: Item(it["title"], minutes(it["start"]), minutes(it["end"]), bool(it["fixed"]))
-        for it in meta["items"]
-    }
-    return Agenda(minutes(meta["day"][0]), minutes(meta["day"][1]), items)

@@ -6,7 +6,7 @@ The prompt shows a walled room, one row per line, top row first: # wall, _ floor
 
 The reply is a move plan such as `<answer>L U R R</answer>`, in the same format as
 FrozenLake (U/D/L/R, case-insensitive, separated by spaces and/or commas; parsed by
-`curriculum.tasks.frozenlake.parse_plan`). Moving into a box pushes it one cell when the
+`curriculum.tasks.move_plan.parse_plan`). Moving into a box pushes it one cell when the
 cell beyond is floor or goal; walls block, boxes never move into walls or other boxes and
 cannot be pulled. Replay stops at the first illegal move. The puzzle ends as soon as every
 box is on a goal: later moves are ignored.
@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from curriculum.tasks.base import Evaluation, Row, Task
-from curriculum.tasks.frozenlake import MOVES, Cell, Plan, PlanConfig, parse_plan, step, unreadable
+from curriculum.tasks.move_plan import MOVES, Cell, Plan, PlanConfig, parse_plan, step, unreadable
 
 # level -> (height, width, boxes, inner walls, fewest pushes in the reference plan);
 # height and width include the outer wall.
