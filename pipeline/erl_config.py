@@ -19,7 +19,7 @@ DEFAULT_REFLECTION_PROMPT = (
     "Lessons from similar tasks:\n{memory}\n\n"
     "In one or two sentences, say what went wrong and how to fix it. Do not give the final answer."
 )
-DEFAULT_RETRY_PROMPT = "{prompt}\n\nAdvice from your previous attempt: {reflection}"
+DEFAULT_RETRY_PROMPT = "{prompt}\n\nAdvice from a previous attempt: {reflection}"
 
 REFLECTION_PLACEHOLDERS = ("prompt", "attempt", "feedback", "reward", "memory")
 RETRY_PLACEHOLDERS = ("prompt", "reflection")

@@ -110,6 +110,12 @@ class ERLTrainer(GRPOTrainer):
         self.feedback_func = feedback_func
         self.memory = ReflectionMemory(args.memory_size if args.enable_memory else 0)
         self._first_attempt: tuple | None = None
+        self._first_attempt_log: list[tuple[float, dict]] = []
+
+    def pop_first_attempts(self) -> list[tuple[float, dict]]:
+        """(r1, dataset row) of every first attempt since the last call (this process's rows)."""
+        log, self._first_attempt_log = self._first_attempt_log, []
+        return log
 
     # Hooks into GRPOTrainer ------------------------------------------------------------
 
@@ -125,6 +131,7 @@ class ERLTrainer(GRPOTrainer):
             return output  # evaluation sees first attempts only
         rows, prompts, completions, completion_ids, rewards_per_func = self._first_attempt
         r1 = self._weighted_reward(self._local(rewards_per_func))
+        self._first_attempt_log.extend(zip(r1.tolist(), rows))
         threshold = self.args.reward_threshold
         gated = [i for i, r in enumerate(r1.tolist()) if r < threshold]  # NaN (unscorable) never gates
 
@@ -181,11 +188,7 @@ class ERLTrainer(GRPOTrainer):
         reflection_len = self.args.reflection_max_completion_length or self.args.max_completion_length
         refl_prompt_ids, refl_ids, reflections = self._generate_rows(reflection_prompts, reflection_len)
 
-        retry_prompts = [
-            self._as_prompt(g_prompts[j], self.args.retry_system_prompt.format(
-                prompt=prompt_texts[j], reflection=reflections[j].strip()))
-            for j in range(len(idx))
-        ]
+        retry_prompts = [self._retry_prompt(g_prompts[j], reflections[j].strip()) for j in range(len(idx))]
         retry_prompt_ids, retry_ids, retry_texts = self._generate_rows(
             retry_prompts, self.args.max_completion_length)
 
@@ -303,6 +306,15 @@ class ERLTrainer(GRPOTrainer):
     def _as_prompt(original, text: str):
         """A prompt in the dataset's format: one user message, or plain text."""
         return [{"role": "user", "content": text}] if is_conversational({"prompt": original}) else text
+
+    def _retry_prompt(self, original, reflection: str):
+        """The original prompt with its last turn rewritten by the retry template: a
+        conversation keeps its system message, so the retry asks the task as before."""
+        template = self.args.retry_system_prompt
+        if not is_conversational({"prompt": original}):
+            return template.format(prompt=original, reflection=reflection)
+        *context, last = original
+        return [*context, {**last, "content": template.format(prompt=last["content"], reflection=reflection)}]
 
     # Merging rows into GRPO's batch ----------------------------------------------------
 

@@ -43,10 +43,6 @@ class ModelConfig:
     gpu_memory_utilization: float = field(
         default=0.6, metadata={"help": "Share of GPU memory vLLM may take when fast_inference is on."}
     )
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "Run model code shipped with the checkpoint (off unless you trust it)."}
-    )
-    seed: int = field(default=42, metadata={"help": "Seed for the LoRA initialisation."})
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -63,21 +59,24 @@ class ModelConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
-def load_policy(config: ModelConfig):
-    """Load the model and tokenizer with the configured backend; returns (model, tokenizer)."""
+def load_policy(config: ModelConfig, *, seed: int = 42, trust_remote_code: bool = False):
+    """Load the model and tokenizer with the configured backend; returns (model, tokenizer).
+
+    `trust_remote_code` runs model code shipped with the checkpoint: off unless you trust it.
+    """
     config.validate()
     backend = activate_backend(config.backend)
     if backend == "unsloth":
-        model, tokenizer = _load_with_unsloth(config)
+        model, tokenizer = _load_with_unsloth(config, seed, trust_remote_code)
     else:
-        model, tokenizer = _load_with_transformers(config)
+        model, tokenizer = _load_with_transformers(config, seed, trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model, tokenizer
 
 
-def _load_with_unsloth(config: ModelConfig):
+def _load_with_unsloth(config: ModelConfig, seed: int, trust_remote_code: bool):
     import torch
     from unsloth import FastLanguageModel
 
@@ -91,7 +90,7 @@ def _load_with_unsloth(config: ModelConfig):
         fast_inference=config.fast_inference,
         max_lora_rank=config.lora_r,
         gpu_memory_utilization=config.gpu_memory_utilization,
-        trust_remote_code=config.trust_remote_code,
+        trust_remote_code=trust_remote_code,
     )
     if config.use_lora:
         model = FastLanguageModel.get_peft_model(
@@ -101,16 +100,16 @@ def _load_with_unsloth(config: ModelConfig):
             lora_dropout=config.lora_dropout,
             target_modules=config.lora_target_modules,
             use_gradient_checkpointing="unsloth" if torch.cuda.is_available() else False,
-            random_state=config.seed,
+            random_state=seed,
         )
     return model, tokenizer
 
 
-def _load_with_transformers(config: ModelConfig):
+def _load_with_transformers(config: ModelConfig, seed: int, trust_remote_code: bool):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs = {"trust_remote_code": config.trust_remote_code}
+    kwargs = {"trust_remote_code": trust_remote_code}
     if torch.cuda.is_available():
         kwargs["dtype"] = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         if config.load_in_4bit:
@@ -120,8 +119,7 @@ def _load_with_transformers(config: ModelConfig):
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=kwargs["dtype"]
             )
     model = AutoModelForCausalLM.from_pretrained(config.model_name_or_path, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path,
-                                              trust_remote_code=config.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path, trust_remote_code=trust_remote_code)
     if config.use_lora:
         from peft import LoraConfig, get_peft_model
 
@@ -129,7 +127,7 @@ def _load_with_transformers(config: ModelConfig):
             from peft import prepare_model_for_kbit_training
 
             model = prepare_model_for_kbit_training(model)
-        torch.manual_seed(config.seed)
+        torch.manual_seed(seed)
         model = get_peft_model(model, LoraConfig(
             r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
             target_modules=config.lora_target_modules, task_type="CAUSAL_LM"))
