@@ -1,0 +1,291 @@
+"""Reward-curve plots of a run: r1 and r2 over the run's steps, stages and eval rewards.
+
+    plot_run("runs/demo")   # -> runs/demo/reward_curve.png, runs/demo/stage_<k>/reward_curve.png
+
+`plot_run` reads the run's output folder:
+
+    <output_dir>/curriculum_state.json      {"stages": [{"stage", "level", "steps",
+                                             "eval_reward", ...}, ...]}
+    <output_dir>/stage_<k>/metrics.jsonl    one JSON object per logged step:
+                                            {"step": global_step, "erl/r1_mean": x,
+                                             "erl/r2_mean": y, ...}
+
+It draws whatever exists and never raises on a partial or crashed run. Figures are built
+on matplotlib's Agg canvas (no display, no pyplot global state) and written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+R1_KEY, R2_KEY = "erl/r1_mean", "erl/r2_mean"
+PLOT_FILENAME = "reward_curve.png"
+METRICS_FILENAME = "metrics.jsonl"
+STATE_FILENAME = "curriculum_state.json"
+BOUNDARY_GID, EVAL_GID = "stage_boundary", "eval_reward"
+"""Artist ids of the stage lines and eval markers, so tests and tools can find them."""
+
+_STAGE_DIR = re.compile(r"stage_(\d+)")
+
+Boundary = tuple[float, str]
+EvalPoint = tuple[float, float, str]
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a finite float, or None (missing, NaN, a string, a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _series(history: Iterable[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of the records that carry both a step and a finite `key`."""
+    points = []
+    for record in history:
+        step, value = _number(record.get("step")), _number(record.get(key))
+        if step is not None and value is not None:
+            points.append((step, value))
+    points.sort()
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def build_figure(
+    history: Sequence[dict[str, Any]],
+    *,
+    stage_boundaries: Sequence[Boundary] | None = None,
+    eval_rewards: Sequence[EvalPoint] | None = None,
+    title: str | None = None,
+):
+    """The reward-curve Figure: r1/r2 lines, a dashed line per stage boundary, eval markers."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for key, label, color in (
+        (R1_KEY, "r1 (first attempt)", "tab:blue"),
+        (R2_KEY, "r2 (retry)", "tab:orange"),
+    ):
+        steps, values = _series(history, key)
+        if steps:
+            # Markers too, so that a stage with a single logged step still shows.
+            ax.plot(
+                steps, values, label=label, color=color, marker=".", markersize=3, linewidth=1.2
+            )
+    for step, label in stage_boundaries or []:
+        ax.axvline(step, color="grey", linestyle="--", linewidth=0.8, gid=BOUNDARY_GID)
+        ax.annotate(
+            label,
+            xy=(step, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -12),
+            textcoords="offset points",
+            fontsize=8,
+            color="dimgrey",
+        )
+    points = [
+        (s, v, lab)
+        for s, v, lab in eval_rewards or []
+        if _number(s) is not None and _number(v) is not None
+    ]
+    if points:
+        ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            linestyle="none",
+            marker="D",
+            color="tab:green",
+            markersize=7,
+            label="eval reward (first attempt)",
+            gid=EVAL_GID,
+        )
+        for step, value, label in points:
+            ax.annotate(
+                label,
+                xy=(step, value),
+                xytext=(4, 4),
+                textcoords="offset points",
+                fontsize=8,
+                color="tab:green",
+            )
+    if not ax.lines:
+        ax.text(
+            0.5,
+            0.5,
+            "no metrics logged yet",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            color="grey",
+        )
+    ax.set_xlabel("training step (run-global)")
+    ax.set_ylabel("mean reward")
+    ax.set_title(title or "ERL reward curves")
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig, path: str | os.PathLike[str]) -> Path:
+    """Write `fig` as PNG to `path` atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png")
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def plot_reward_curves(
+    history: Sequence[dict[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    stage_boundaries: Sequence[Boundary] | None = None,
+    eval_rewards: Sequence[EvalPoint] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Draw r1/r2 over steps with stage boundaries and eval markers to a PNG; returns its path.
+
+    `history`: one dict per logged step with `step` and `erl/r1_mean` / `erl/r2_mean`
+    (missing or NaN values are skipped). `stage_boundaries`: (step, label) pairs.
+    `eval_rewards`: (step, value, label) triples.
+    """
+    fig = build_figure(
+        history, stage_boundaries=stage_boundaries, eval_rewards=eval_rewards, title=title
+    )
+    return save_figure(fig, path)
+
+
+# The run folder ---------------------------------------------------------------------
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl; a missing file is empty, a broken line is skipped
+    (a run killed mid-write leaves a partial last line)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _read_stages(output_dir: Path) -> dict[int, dict[str, Any]]:
+    """Stage number -> its entry in curriculum_state.json ({} when missing or unreadable)."""
+    path = output_dir / STATE_FILENAME
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        return {int(entry["stage"]): entry for entry in raw["stages"] if isinstance(entry, dict)}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, KeyError, TypeError) as err:
+        logger.warning("cannot read %s (%s); plotting the metrics alone", path, err)
+        return {}
+
+
+def _stage_dirs(output_dir: Path) -> dict[int, Path]:
+    found = {}
+    for path in output_dir.glob("stage_*"):
+        match = _STAGE_DIR.fullmatch(path.name)
+        if match and path.is_dir():
+            found[int(match.group(1))] = path
+    return found
+
+
+@dataclass
+class RunCurves:
+    """What `plot_run` draws: each stage's metrics, where stages start, eval rewards."""
+
+    folders: dict[int, Path] = field(default_factory=dict)
+    """Stage number -> its stage_<k> folder (those that exist)."""
+    metrics: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Stage number -> its metrics.jsonl records (empty when the file is missing)."""
+    levels: dict[int, Any] = field(default_factory=dict)
+    boundaries: list[Boundary] = field(default_factory=list)
+    """(first step, label) of every stage, in run-global steps."""
+    evals: dict[int, EvalPoint] = field(default_factory=dict)
+    """Stage number -> (last step, eval reward, label) for stages with an eval reward."""
+
+
+def read_run(output_dir: str | os.PathLike[str]) -> RunCurves:
+    """Read the state file and the stages' metrics; whatever is missing is left out."""
+    output_dir = Path(output_dir)
+    entries, folders = _read_stages(output_dir), _stage_dirs(output_dir)
+    metrics = {k: read_metrics(folder / METRICS_FILENAME) for k, folder in folders.items()}
+    curves = RunCurves(folders, metrics)
+    # Stage k starts where stage k-1 ended (run-global steps) and ends at its last logged
+    # step, or, without metrics, after the steps the state file counts for it.
+    end = 0.0
+    for k in sorted(set(entries) | set(folders)):
+        entry = entries.get(k, {})
+        records = curves.metrics.get(k, [])
+        steps = [s for s in (_number(r.get("step")) for r in records) if s is not None]
+        start, counted = end, _number(entry.get("steps"))
+        if steps:
+            end = max(steps)
+        elif counted is not None:
+            end = start + counted
+        level = curves.levels[k] = entry.get("level")
+        curves.boundaries.append(
+            (start, f"stage {k}" + (f" · L{level}" if level is not None else ""))
+        )
+        value = _number(entry.get("eval_reward"))
+        if value is not None:
+            curves.evals[k] = (end, value, f"eval {value:.2f}")
+    return curves
+
+
+def plot_run(output_dir: str | os.PathLike[str], stages: Iterable[int] | None = None) -> list[Path]:
+    """(Re)draw the run's reward_curve.png and one per existing stage folder (only those in
+    `stages` when given, so that finished stages' files stay untouched); returns the paths
+    written. Never raises on a partial run (missing state or metrics)."""
+    output_dir = Path(output_dir)
+    curves = read_run(output_dir)
+    history = [record for k in sorted(curves.metrics) for record in curves.metrics[k]]
+    written = [
+        plot_reward_curves(
+            history,
+            output_dir / PLOT_FILENAME,
+            stage_boundaries=curves.boundaries,
+            eval_rewards=[curves.evals[k] for k in sorted(curves.evals)],
+            title=f"ERL reward curves: {output_dir.resolve().name}",
+        )
+    ]
+    for k, records in sorted(curves.metrics.items()):
+        if stages is not None and k not in stages:
+            continue
+        level = curves.levels.get(k)
+        written.append(
+            plot_reward_curves(
+                records,
+                curves.folders[k] / PLOT_FILENAME,
+                eval_rewards=[curves.evals[k]] if k in curves.evals else [],
+                title=f"stage {k}" + (f" (level {level})" if level is not None else ""),
+            )
+        )
+    return written

@@ -1,0 +1,155 @@
+"""One curriculum stage: build its prompts, train until promoted or out of steps, and
+record what happened where a resume and the plots can find it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import shutil
+from collections import Counter
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from curriculum.controller import CurriculumController
+from curriculum.state import atomic_write_json
+from curriculum.tasks import Task
+from pipeline.checkpoints import CONTROLLER_FILE
+
+METRICS_FILE = "metrics.jsonl"
+logger = logging.getLogger("pipeline.run")
+
+
+def stage_dataset(task: Task, controller: CurriculumController, n: int, seed: int) -> Dataset:
+    """`n` prompts for the running stage: its level, plus replayed easier levels."""
+    levels = controller.replay_levels(n, seed=seed)
+    rows = []
+    for level, count in sorted(Counter(levels).items()):
+        # Seeds stay below 10**6, where the held-out evaluation prompts start.
+        rows += task.generate(level, count, seed=seed + 1_000 * level)
+    return Dataset.from_list(rows)
+
+
+def stage_seed(base_seed: int, stage: int) -> int:
+    return base_seed + 10_000 * stage
+
+
+def stage_args(args, output_dir: Path, max_steps: int):
+    """The run's ERLConfig for one stage: its own checkpoint folder and step budget."""
+    stage = copy.deepcopy(args)
+    stage.output_dir = str(output_dir)
+    stage.max_steps = max_steps
+    return stage
+
+
+class CurriculumCallback(TrainerCallback):
+    """Feeds each step's first-attempt rewards to the controller, stops the stage when it
+    says so, appends logs to the stage's metrics.jsonl (with the run-global step) and
+    stores the controller state inside every trainer checkpoint."""
+
+    def __init__(self, trainer, controller: CurriculumController, stage_dir: Path, step_offset: int) -> None:
+        self.trainer = trainer
+        self.controller = controller
+        self.metrics_path = stage_dir / METRICS_FILE
+        self.step_offset = step_offset
+        self.r2_values: list[float] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        attempts = self.trainer.pop_first_attempts()
+        self.controller.record_step(state.global_step, [r for r, _ in attempts],
+                                    levels=[row["level"] for _, row in attempts])
+        if self.controller.should_stop_stage():
+            control.should_training_stop = True
+            control.should_save = False  # the stage folder is saved next; no checkpoint needed
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "train_runtime" in logs:
+            return
+        if "erl/r2_mean" in logs and logs.get("erl/gated_fraction", 0) > 0:
+            self.r2_values.append(logs["erl/r2_mean"])
+        record = {"step": self.step_offset + state.global_step, "stage_step": state.global_step,
+                  "level": self.controller.level, **logs}
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+
+    def on_save(self, args, state, control, **kwargs):
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if checkpoint.exists():
+            atomic_write_json(checkpoint / CONTROLLER_FILE, self.controller.state_dict())
+
+    def r2_mean(self) -> float | None:
+        values = [v for v in self.r2_values if math.isfinite(v)]
+        return sum(values) / len(values) if values else None
+
+
+def truncate_metrics(stage_dir: Path, last_stage_step: int) -> None:
+    """Drop metric lines logged after the checkpoint a resume continues from."""
+    path = stage_dir / METRICS_FILE
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line)["stage_step"] <= last_stage_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+
+
+def run_stage(*, model, tokenizer, memory, task, controller, state, run, args, reward_funcs,
+              feedback_func, output_dir: Path) -> None:
+    """Train the controller's running stage to its end, evaluate, save, record and plot."""
+    from pipeline.checkpoints import latest_trainer_checkpoint, read_controller_state, save_policy
+    from pipeline.erl_trainer import ERLTrainer
+    from pipeline.evaluation import evaluate_first_attempts
+    from pipeline.plots import plot_run
+
+    stage, level = controller.stage, controller.level
+    state.start_stage(level, controller.state_dict())  # the running entry, when resuming
+    stage_dir = output_dir / f"stage_{stage}"
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = latest_trainer_checkpoint(stage_dir / "checkpoints")
+    if checkpoint is not None:  # an interrupted stage: continue where its checkpoint left off
+        controller.load_state_dict(read_controller_state(checkpoint))
+    truncate_metrics(stage_dir, controller.stage_steps)
+    step_offset = sum(s.steps for s in state.stages if s.finished)
+
+    trainer = ERLTrainer(
+        model=model,
+        args=stage_args(args, stage_dir / "checkpoints", controller.config.max_stage_steps),
+        train_dataset=stage_dataset(task, controller, run.prompts_per_stage, stage_seed(args.seed, stage)),
+        reward_funcs=reward_funcs,
+        feedback_func=feedback_func,
+        processing_class=tokenizer,
+    )
+    trainer.memory = memory  # one memory for the whole run; checkpoints save and restore it
+    callback = CurriculumCallback(trainer, controller, stage_dir, step_offset)
+    trainer.add_callback(callback)
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    steps = controller.stage_steps
+    decision = controller.end_stage()
+
+    evaluation = None
+    if run.eval_prompts:
+        evaluation = evaluate_first_attempts(
+            model, tokenizer, task, level, run.eval_prompts, max_new_tokens=args.max_completion_length,
+            weights=run.reward_signals, progress=not args.disable_tqdm)
+    save_policy(model, tokenizer, memory, stage_dir)
+    state.finish_stage(
+        stage, decision.status, steps=steps, r1_mean=decision.r1_mean, controller=controller.state_dict(),
+        run_finished=decision.finished, eval_reward=evaluation.mean_reward if evaluation else None,
+        checkpoint=stage_dir.name, r2_mean=callback.r2_mean(), action=decision.action,
+        next_level=decision.next_level)
+    shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)  # a finished stage never resumes
+    plot_run(output_dir, stages=[stage])
+    logger.info(_summary(stage, level, steps, decision, callback.r2_mean(), evaluation))
+
+
+def _summary(stage, level, steps, decision, r2, evaluation) -> str:
+    def fmt(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    outcome = "promoted" if decision.promoted else f"plateau ({decision.action})"
+    return (f"[stage {stage}] level {level} | {steps} steps | r1 {fmt(decision.r1_mean)} | r2 {fmt(r2)} | "
+            f"eval {fmt(evaluation.mean_reward if evaluation else None)} | {outcome}")

@@ -1,0 +1,53 @@
+"""An SFT warm-up on reference solutions, so the policy knows the answer format before RL.
+
+Unsloth's GRPO notebooks do the same: a model that never produces a parseable answer gets
+no reward signal to learn from. Uses TRL's SFTTrainer with prompt-completion rows, so the
+loss covers the completion only.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from datasets import Dataset
+from trl import SFTConfig, SFTTrainer
+
+from curriculum.tasks import Task
+
+
+def reference_dataset(task: Task, level: int, n: int, seed: int) -> Dataset:
+    """`n` prompt -> reference-solution rows at `level`."""
+    rows = task.generate(level, n, seed=seed)
+    return Dataset.from_list([
+        {"prompt": row["prompt"], "completion": [{"role": "assistant", "content": task.reference(row)}]}
+        for row in rows
+    ])
+
+
+def sft_warmup(model, tokenizer, task: Task, level: int, *, steps: int, examples: int,
+               batch_size: int, learning_rate: float, args, output_dir: str) -> list[dict]:
+    """Train `model` in place for `steps` SFT steps; returns the trainer's log history.
+
+    `args` (the run's ERLConfig) lends the device and precision settings and `report_to`.
+    """
+    config = SFTConfig(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, steps // 20),
+        logging_steps=max(1, steps // 10),
+        save_strategy="no",
+        report_to=copy.copy(args.report_to),
+        bf16=args.bf16,
+        fp16=args.fp16,
+        use_cpu=args.use_cpu,
+        seed=args.seed,
+        completion_only_loss=True,
+        disable_tqdm=args.disable_tqdm,
+    )
+    dataset = reference_dataset(task, level, examples, seed=900_000 + args.seed)  # below the held-out seeds (10**6)
+    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+    trainer.train()
+    return trainer.state.log_history

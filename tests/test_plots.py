@@ -1,0 +1,166 @@
+"""Reward-curve plots: real PNGs, stage lines and eval markers, whole and partial runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pipeline.plots import (
+    BOUNDARY_GID,
+    EVAL_GID,
+    PLOT_FILENAME,
+    R1_KEY,
+    R2_KEY,
+    build_figure,
+    plot_reward_curves,
+    plot_run,
+    read_metrics,
+    read_run,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _history(first: int, last: int, r2_every: int = 2) -> list[dict]:
+    """Logged steps first..last; r2 only on some steps, like a batch with no gated rows."""
+    records = []
+    for step in range(first, last + 1):
+        record = {"step": step, R1_KEY: step / (last + 1), "loss": 0.1}
+        if step % r2_every == 0:
+            record[R2_KEY] = min(1.0, step / last)
+        records.append(record)
+    return records
+
+
+def _line_data(fig, label: str) -> tuple[list[float], list[float]]:
+    (line,) = [line for line in fig.axes[0].lines if line.get_label() == label]
+    return list(line.get_xdata()), list(line.get_ydata())
+
+
+def _assert_png(path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > 5_000  # an 800x450 chart with lines and text, not an empty canvas
+
+
+def test_plot_reward_curves_writes_a_png_and_no_temp_files(tmp_path):
+    path = tmp_path / "plots" / "curve.png"
+    returned = plot_reward_curves(
+        _history(1, 20),
+        path,
+        stage_boundaries=[(0, "stage 1"), (10, "stage 2")],
+        eval_rewards=[(10, 0.5, "eval"), (20, 0.8, "eval")],
+        title="demo",
+    )
+    assert returned == path
+    _assert_png(path)
+    assert [p.name for p in path.parent.iterdir()] == ["curve.png"]
+
+
+def test_build_figure_draws_r1_r2_boundaries_and_eval_markers():
+    history = _history(1, 10)
+    history.append({"step": 11, R1_KEY: float("nan"), R2_KEY: None})  # skipped, not drawn
+    history.append({R1_KEY: 0.9})  # no step: skipped
+    boundaries = [(0, "stage 1"), (4, "stage 2"), (8, "stage 3")]
+    fig = build_figure(history, stage_boundaries=boundaries, eval_rewards=[(4, 0.25, "e1")])
+    ax = fig.axes[0]
+
+    stage_lines = [line for line in ax.lines if line.get_gid() == BOUNDARY_GID]
+    assert sorted(line.get_xdata()[0] for line in stage_lines) == [0, 4, 8]
+    r1_steps, r1_values = _line_data(fig, "r1 (first attempt)")
+    assert r1_steps == list(range(1, 11))
+    assert r1_values == pytest.approx([s / 11 for s in range(1, 11)])
+    r2_steps, _ = _line_data(fig, "r2 (retry)")
+    assert r2_steps == [2, 4, 6, 8, 10]
+    (marker,) = [line for line in ax.lines if line.get_gid() == EVAL_GID]
+    assert list(marker.get_xdata()) == [4] and list(marker.get_ydata()) == [0.25]
+    assert ax.get_legend() is not None
+    assert ax.get_xlabel() and ax.get_ylabel()
+
+
+def test_build_figure_without_metrics_says_so():
+    fig = build_figure([])
+    assert [t.get_text() for t in fig.axes[0].texts] == ["no metrics logged yet"]
+
+
+def _write_run(root, stages, metrics):
+    (root / "curriculum_state.json").write_text(json.dumps({"stages": stages}))
+    for k, records in metrics.items():
+        folder = root / f"stage_{k}"
+        folder.mkdir(parents=True)
+        if records is not None:
+            text = "".join(json.dumps(r) + "\n" for r in records)
+            (folder / "metrics.jsonl").write_text(text)
+
+
+def _stage(k, level, steps, eval_reward, status="promoted"):
+    return {
+        "stage": k,
+        "level": level,
+        "status": status,
+        "steps": steps,
+        "r1_mean": 0.5,
+        "eval_reward": eval_reward,
+        "checkpoint": f"stage_{k}",
+    }
+
+
+def test_plot_run_draws_the_run_and_every_stage(tmp_path):
+    stages = [_stage(1, 1, 12, 0.75), _stage(2, 2, 8, 0.5)]
+    _write_run(tmp_path, stages, {1: _history(1, 12), 2: _history(13, 20)})
+
+    written = plot_run(tmp_path)
+
+    expected = [tmp_path / PLOT_FILENAME] + [
+        tmp_path / f"stage_{k}" / PLOT_FILENAME for k in (1, 2)
+    ]
+    assert written == expected
+    for path in expected:
+        _assert_png(path)
+    curves = read_run(tmp_path)
+    # Stage 2 starts where stage 1's logged steps end; evals sit at each stage's last step.
+    assert curves.boundaries == [(0, "stage 1 · L1"), (12, "stage 2 · L2")]
+    assert curves.evals == {1: (12, 0.75, "eval 0.75"), 2: (20, 0.5, "eval 0.50")}
+
+
+def test_plot_run_uses_state_step_counts_when_metrics_are_missing(tmp_path):
+    stages = [_stage(1, 1, 30, 0.9), _stage(2, 2, 5, None, status="running")]
+    _write_run(tmp_path, stages, {1: None, 2: None})  # stage folders, no metrics files
+
+    written = plot_run(tmp_path)
+
+    assert len(written) == 3 and all(p.exists() for p in written)
+    curves = read_run(tmp_path)
+    assert curves.boundaries == [(0, "stage 1 · L1"), (30, "stage 2 · L2")]
+    assert curves.evals == {1: (30, 0.9, "eval 0.90")}
+
+
+@pytest.mark.parametrize(
+    "state_text",
+    [None, "", "{not json", '{"stages": 3}', '{"stages": [{"level": 1}]}', "[]"],
+    ids=["no-state", "empty", "broken", "bad-stages", "entry-without-stage", "list"],
+)
+def test_plot_run_never_raises_on_a_partial_run(tmp_path, state_text):
+    if state_text is not None:
+        (tmp_path / "curriculum_state.json").write_text(state_text)
+    (tmp_path / "stage_1").mkdir()
+    # A run killed mid-write: the last line is cut off.
+    good = json.dumps({"step": 1, R1_KEY: 0.2, R2_KEY: 0.4})
+    (tmp_path / "stage_1" / "metrics.jsonl").write_text(good + "\n" + '{"step": 2, "erl/r1')
+
+    written = plot_run(tmp_path)
+
+    assert [p.name for p in written] == [PLOT_FILENAME, PLOT_FILENAME]
+    assert read_metrics(tmp_path / "stage_1" / "metrics.jsonl") == [json.loads(good)]
+
+
+def test_plot_run_on_an_empty_folder_draws_an_empty_run_plot(tmp_path):
+    assert plot_run(tmp_path) == [tmp_path / PLOT_FILENAME]
+    _assert_png(tmp_path / PLOT_FILENAME)
+
+
+def test_nan_metrics_are_skipped_not_plotted():
+    fig = build_figure([{"step": 1, R1_KEY: math.inf}, {"step": 2, R1_KEY: 0.5}])
+    assert _line_data(fig, "r1 (first attempt)") == ([2], [0.5])
