@@ -4,7 +4,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench quickstart
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 demo: setup
-	$(PY) examples/quickstart.py
+	$(PY) -m pipeline.run --config configs/tiny.yaml --resume true
 
 test: setup
 	$(PY) -m pytest -q
@@ -27,3 +27,6 @@ lint: setup
 
 bench: setup
 	$(PY) bench/erl_overhead.py
+
+quickstart: setup
+	$(PY) examples/quickstart.py

@@ -3,8 +3,8 @@
     python bench/erl_overhead.py [--steps 12] [--warmup 3]
 
 Trains GRPOTrainer, ERLTrainer with the gate closed (threshold below every reward) and
-ERLTrainer with every row gated, on the offline tiny model with the same data and seed,
-and prints one `name: value` line per figure:
+ERLTrainer with every row gated, on the offline tiny model with the same data and seed, in
+interleaved rounds, and prints one `name: value` line per figure (medians over all rounds):
 
     gate_closed_step_ratio   median step time, ERL (gate closed) / GRPO   (target <= 1.05)
     all_gated_step_ratio     median step time, ERL (every row gated) / GRPO
@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipeline.backend import activate_backend  # noqa: E402
+from pipeline.backend import activate_backend
 
 activate_backend()
 
@@ -133,13 +130,14 @@ def run(trainer_cls, args, model_dir, dataset, warmup, **extra):
         trainer.train()
     steps = trainer.step_seconds[warmup:]
     phases = {k: v * len(steps) / len(trainer.step_seconds) for k, v in trainer.phase_seconds.items()}
-    return statistics.median(steps), phases, sum(steps), memory.bytes, trainer
+    return steps, phases, sum(steps), memory.bytes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12, help="measured steps per trainer")
     parser.add_argument("--warmup", type=int, default=3, help="steps excluded from the figures")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the three variants")
     parser.add_argument("--batch", type=int, default=16, help="completions per step")
     parser.add_argument("--max_completion_length", type=int, default=24)
     opts = parser.parse_args()
@@ -152,18 +150,35 @@ def main() -> None:
                   learning_rate=1e-4, bf16=False, report_to=[], logging_steps=1, save_strategy="no",
                   seed=0, disable_tqdm=True)
 
-    grpo_time, _, _, grpo_mem, _ = run(TimedGRPO, GRPOConfig(output_dir=str(work / "grpo"), **common),
-                                       model_dir, dataset, opts.warmup)
-    closed_time, _, _, _, _ = run(
-        TimedERL, ERLConfig(output_dir=str(work / "closed"), reward_threshold=-1.0, **common),
-        model_dir, dataset, opts.warmup, feedback_func=feedback)
-    gated_time, phases, total, gated_mem, trainer = run(
-        TimedERL, ERLConfig(output_dir=str(work / "gated"), reward_threshold=2.0, **common),
-        model_dir, dataset, opts.warmup, feedback_func=feedback)
+    configs = {
+        "grpo": (TimedGRPO, lambda i: GRPOConfig(output_dir=str(work / f"grpo{i}"), **common), {}),
+        "erl_gate_closed": (TimedERL, lambda i: ERLConfig(output_dir=str(work / f"closed{i}"),
+                                                          reward_threshold=-1.0, **common),
+                            {"feedback_func": feedback}),
+        "erl_all_gated": (TimedERL, lambda i: ERLConfig(output_dir=str(work / f"gated{i}"),
+                                                        reward_threshold=2.0, **common),
+                          {"feedback_func": feedback}),
+    }
+    # Interleaved rounds, so that drift in the machine's load affects every variant alike.
+    steps, memory, phases, totals = defaultdict(list), defaultdict(list), defaultdict(float), defaultdict(float)
+    for round_index in range(opts.rounds):
+        for name, (cls, make_args, extra) in configs.items():
+            step_times, round_phases, total, peak = run(cls, make_args(round_index), model_dir, dataset,
+                                                        opts.warmup, **extra)
+            steps[name] += step_times
+            memory[name].append(peak)
+            totals[name] += total
+            for key, value in round_phases.items():
+                phases[name, key] += value
+    median = {name: statistics.median(times) for name, times in steps.items()}
+    grpo_time, closed_time, gated_time = median["grpo"], median["erl_gate_closed"], median["erl_all_gated"]
+    grpo_mem, gated_mem = max(memory["grpo"]), max(memory["erl_all_gated"])
+    phases = {key: phases["erl_all_gated", key] for key in ("prepare", "generate", "forward")}
+    total = totals["erl_all_gated"]
 
     outside = phases["prepare"] - phases["generate"] - phases.get("forward", 0.0)
-    print(f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}, steps: {opts.steps} "
-          f"(after {opts.warmup} warm-up), completions/step: {opts.batch}")
+    print(f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}, steps: {opts.rounds} x {opts.steps} "
+          f"(after {opts.warmup} warm-up each), completions/step: {opts.batch}")
     print(f"median_step_s[grpo]: {grpo_time:.4f}")
     print(f"median_step_s[erl_gate_closed]: {closed_time:.4f}")
     print(f"median_step_s[erl_all_gated]: {gated_time:.4f}")
