@@ -14,7 +14,7 @@ EXPECTED_SIGNATURES = {
     "_load_optimizer_and_scheduler": "(self, checkpoint)",
     "_generate_single_turn": "(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False)",
     "_tokenize_prompts": "(self, prompts: list)",
-    "save_model": "(self, output_dir: str | None = None, _internal_call: bool = False)",
+    "save_model": "(self, output_dir: str | None = None, _internal_call: bool = False) -> None",
 }
 
 
