@@ -262,3 +262,36 @@ def test_retry_advantages_group_normalised_or_r2_minus_r1():
     assert adv[3] == 0.0  # filler rows carry no signal
     scaled = _retry_advantages(["a", "a"], r1[:2], r2[:2], valid=[True, True], scale=True)
     assert scaled[0] == pytest.approx(0.5 / (torch.tensor([1.0, 0.0]).std().item() + 1e-4))
+
+
+def test_plain_text_prompts_reflect_and_retry_as_plain_text(tiny_model_dir, erl_args):
+    """A dataset of plain-text prompts: reflection and retry prompts stay plain text, and
+    the reward functions get string completions for y1 and y2 alike."""
+    from datasets import Dataset
+
+    dataset = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)])
+    seen = []
+
+    def reward(prompts, completions, answer, **kwargs):
+        seen.append((list(prompts), list(completions)))
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    args = erl_args(reward_threshold=2.0, per_device_train_batch_size=8, num_generations=4)
+    trainer = ERLTrainer(model=tiny_model_dir, args=args, train_dataset=dataset, reward_funcs=reward,
+                         feedback_func=lambda completions, **kw: ["Give only the number."] * len(completions))
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    out = trainer._generate_and_score_completions(batch)
+    (first_prompts, first), (retry_prompts, retries) = seen
+    assert all(isinstance(c, str) for c in first + retries)
+    assert retry_prompts == first_prompts == [row["prompt"] for row in batch]
+    assert out["prompt_ids"].size(0) >= 3 * len(batch)
+    n = len(batch)
+
+    def prompt_text(row):
+        ids = out["prompt_ids"][row][out["prompt_mask"][row].bool()]
+        return trainer.processing_class.decode(ids, skip_special_tokens=True)
+
+    # Rows n..2n-1 are reflections, 2n..3n-1 retries, both built from plain text (no chat template).
+    assert prompt_text(n).startswith("You tried to solve this task:\n" + batch[0]["prompt"])
+    assert prompt_text(2 * n).startswith(batch[0]["prompt"] + "\n\nAdvice from a previous attempt:")
