@@ -1,0 +1,186 @@
+"""colab/erl_curriculum.ipynb and its recipe configs/colab_t4.yaml.
+
+The slow test runs the notebook on the CPU as a user would run it on Colab, minus the
+cells that only make sense there: those tagged `install` (clone + pip) and `colab-only`
+(Drive). `ERL_NOTEBOOK_SMOKE=1` makes the notebook's own switch cell swap in the offline
+tiny model; every other cell runs as written.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "colab" / "erl_curriculum.ipynb"
+RECIPE = REPO / "configs" / "colab_t4.yaml"
+SKIPPED_TAGS = {"install", "colab-only"}  # what a CPU run without network cannot do
+COLAB_LINK = "https://colab.research.google.com/github/"
+
+
+def read_notebook():
+    return nbformat.read(NOTEBOOK, as_version=4)
+
+
+def tags(cell) -> set[str]:
+    return set(cell.metadata.get("tags", []))
+
+
+def tagged(nb, tag: str) -> list:
+    return [cell for cell in nb.cells if tag in tags(cell)]
+
+
+def text_of(cell) -> str:
+    """Everything a cell printed (stdout and stderr streams)."""
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream")
+
+
+# Structure ------------------------------------------------------------------------------
+
+
+def test_notebook_is_valid_with_badge_install_and_parameters():
+    nb = read_notebook()
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+
+    title = nb.cells[0]
+    assert title.cell_type == "markdown"
+    assert "colab-badge.svg" in title.source
+    assert COLAB_LINK in title.source and "/blob/main/colab/erl_curriculum.ipynb" in title.source
+    # The first markdown cell documents which tags the CPU test drops.
+    assert all(f"`{tag}`" in title.source for tag in SKIPPED_TAGS)
+
+    code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
+    assert len(re.findall(r"^REPO_URL = ", code, flags=re.M)) == 1
+
+    (install,) = tagged(nb, "install")
+    assert "REPO_URL" in install.source and "git" in install.source
+    assert '"pip", "install"' in install.source and '["-e", "."]' in install.source
+    (drive,) = tagged(nb, "colab-only")
+    assert "drive.mount(" in drive.source
+    # Only these two cells are dropped on the CPU: everything else must run there.
+    assert [c for c in nb.cells if tags(c) & SKIPPED_TAGS] == [install, drive]
+
+    (parameters,) = tagged(nb, "parameters")
+    for name in ("RECIPE", "OUTPUT_DIR", "MODEL", "TASK", "NUM_STAGES", "MAX_LEVEL",
+                 "PROMOTE_THRESHOLD", "EXTRA_ARGS", "RESUME", "SMOKE_TEST", "PUSH_TO_HUB",
+                 "HUB_REPO"):  # fmt: skip
+        assert re.search(rf"^{name} = ", parameters.source, flags=re.M), name
+    # The smoke switch comes right after the parameters, so it overrides all of them.
+    switch = nb.cells[nb.cells.index(parameters) + 1]
+    assert "ERL_NOTEBOOK_SMOKE" in switch.source and "configs/tiny.yaml" in switch.source
+
+    heading = "## Resuming after a disconnect"
+    resume = [c for c in nb.cells if c.cell_type == "markdown" and c.source.startswith(heading)]
+    assert resume and "RESUME" in resume[0].source
+
+
+def test_parameter_defaults_are_the_recipe_values():
+    """The parameters cell passes these on top of the recipe: they must not drift apart."""
+    (parameters,) = tagged(read_notebook(), "parameters")
+    values = {
+        node.targets[0].id: ast.literal_eval(node.value)  # the cell holds literals only
+        for node in ast.parse(parameters.source).body
+        if isinstance(node, ast.Assign)
+    }
+    recipe = yaml.safe_load(RECIPE.read_text())
+    assert (REPO / values["RECIPE"]).resolve() == RECIPE
+    assert values["SMOKE_TEST"] is False and values["RESUME"] is True and values["EXTRA_ARGS"] == []
+    assert values["PUSH_TO_HUB"] is False
+    for name, key in [("OUTPUT_DIR", "output_dir"), ("MODEL", "model_name_or_path"),
+                      ("TASK", "task"), ("REWARD_SIGNALS", "reward_signals"),
+                      ("NUM_STAGES", "num_stages"), ("MAX_LEVEL", "max_level"),
+                      ("PROMOTE_THRESHOLD", "promote_threshold")]:  # fmt: skip
+        assert values[name] == recipe[key], name
+    assert values["OUTPUT_DIR"].startswith("/content/drive/")
+
+
+def test_colab_recipe_parses_with_t4_settings(tmp_path):
+    from curriculum.tasks import get_task
+    from pipeline.backend import activate_backend
+    from pipeline.run_config import parse_run_config
+
+    activate_backend()  # parse_run_config imports trl; `backend: unsloth` is a string here
+    # Parsed as written: fp16 with bf16 off passes GRPOConfig's post-init on a CPU too, so
+    # nothing needs overriding (an unknown key would be a SystemExit naming it).
+    run, model, curriculum, args = parse_run_config(
+        ["--config", str(RECIPE), "--output_dir", str(tmp_path)]
+    )
+    assert model.model_name_or_path == "Qwen/Qwen2.5-1.5B-Instruct" and model.backend == "unsloth"
+    assert model.load_in_4bit and model.use_lora and model.fast_inference
+    assert (model.lora_r, model.lora_alpha) == (16, 32)
+    assert 0.3 <= model.gpu_memory_utilization <= 0.6
+    assert args.fp16 and not args.bf16 and args.gradient_checkpointing
+    assert args.max_completion_length == 256 and 4 <= args.num_generations <= 8
+    assert args.per_device_train_batch_size % args.num_generations == 0
+    assert args.save_strategy == "steps" and args.save_steps <= 10
+    assert run.prompts_per_stage == 100 and curriculum.num_stages == 5
+    assert curriculum.promote_threshold == 0.6
+    task = get_task(run.task, **run.task_config)
+    assert curriculum.start_level in task.levels and curriculum.max_level in task.levels
+    assert set(run.reward_signals) <= set(task.signals)
+
+
+# End to end -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_notebook_runs_on_cpu_with_the_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
+    from jupyter_client.kernelspec import KernelSpecManager
+    from nbclient import NotebookClient
+    from transformers import AutoModelForCausalLM
+
+    # jupyter_client replaces a bare "python" in the kernelspec by sys.executable, so the
+    # kernel runs in this interpreter's environment (the venv, with torch and trl).
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    assert spec.argv[0] in {"python", "python3", sys.executable}, spec.argv
+
+    nb = read_notebook()
+    nb.cells = [cell for cell in nb.cells if not tags(cell) & SKIPPED_TAGS]
+    out = tmp_path / "run"
+    monkeypatch.setenv("ERL_NOTEBOOK_SMOKE", "1")
+    monkeypatch.setenv("ERL_NOTEBOOK_TINY_MODEL", tiny_model_dir)
+    monkeypatch.setenv("ERL_NOTEBOOK_OUTPUT_DIR", str(out))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
+    )
+    start = time.monotonic()
+    client.execute()
+    print(f"notebook executed in {time.monotonic() - start:.1f} s")
+
+    # The output folder contract, written by the run cell.
+    assert (out / "reward_curve.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    AutoModelForCausalLM.from_pretrained(out / "final")
+    assert (out / "stage_1" / "config.json").exists()
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] is True
+    assert [s["level"] for s in state["stages"]][:2] == [1, 2]  # MAX_LEVEL 2 of the smoke run
+
+    assert "smoke test: configs/tiny.yaml" in "".join(map(text_of, nb.cells))
+    (curves,) = tagged(nb, "curves")
+    assert any("image/png" in o.get("data", {}) for o in curves.outputs)
+    assert "run finished: True" in text_of(curves)
+
+    (evaluation,) = tagged(nb, "evaluation")
+    printed = text_of(evaluation)
+    scores = {}
+    for name in ("base", "final"):
+        match = re.search(rf"^{name} .*mean_reward=(-?[\d.]+) success_rate=([\d.]+)", printed, re.M)
+        assert match, printed
+        scores[name] = float(match[1]), float(match[2])
+        assert 0.0 <= scores[name][1] <= 1.0
+    difference = re.search(
+        r"difference .*mean_reward=([-+][\d.]+) success_rate=([-+][\d.]+)", printed
+    )
+    assert difference, printed
+    assert float(difference[1]) == pytest.approx(scores["final"][0] - scores["base"][0], abs=2e-4)
+    assert float(difference[2]) == pytest.approx(scores["final"][1] - scores["base"][1], abs=2e-4)
