@@ -233,7 +233,8 @@ def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
         "completion_mask": torch.ones(b, c, dtype=torch.long),
         "advantages": torch.zeros(b),
         "num_items_in_batch": torch.tensor(b * c),
-        "ref_per_token_logps": torch.zeros(b, c),
+        "ref_per_token_logps": torch.zeros(b, c), "old_per_token_logps": torch.zeros(b, c),
+        "sampling_per_token_logps": torch.full((b, c), -0.25), "importance_sampling_ratio": torch.full((b, 1), 0.5),
     }
     rows = _NewRows([[5, 6], [7]], [[8, 9, 10, 11, 12], [13]], [0.5, -0.5], [True, True])
     merged = trainer._merge_rows(output, rows)
@@ -242,7 +243,14 @@ def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
         12,
         5,
     )
-    assert "old_per_token_logps" not in merged
+    # Old/reference log-probs are recomputed over the merged batch with the policy's scorer.
+    logps = trainer._logps(trainer.model, merged)
+    torch.testing.assert_close(merged["old_per_token_logps"], logps)
+    assert merged["ref_per_token_logps"].shape == (12, 5)
+    # vLLM tensors: GRPO's rows keep theirs; new rows get current log-probs and ratio 1.
+    assert torch.equal(merged["sampling_per_token_logps"][:b, :c], torch.full((b, c), -0.25))
+    torch.testing.assert_close(merged["sampling_per_token_logps"][b:], logps[b:])
+    assert merged["importance_sampling_ratio"].squeeze(1).tolist() == [0.5] * b + [1.0] * 4
     assert merged["completion_mask"][10:].sum() == 0  # filler rows are fully masked
     assert merged["completion_mask"][8].tolist() == [1, 1, 1, 1, 1]
     assert merged["completion_mask"][9].tolist() == [1, 0, 0, 0, 0]
