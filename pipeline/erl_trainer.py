@@ -45,6 +45,7 @@ from trl.trainer.utils import pad, use_adapter  # noqa: E402
 
 from pipeline.erl_config import ERLConfig  # noqa: E402
 from pipeline.memory import ReflectionMemory  # noqa: E402
+from rewards import completion_text  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
 
@@ -178,7 +179,7 @@ class ERLTrainer(GRPOTrainer):
         reflection_prompts = [
             self._as_prompt(g_prompts[j], self.args.reflection_system_prompt.format(
                 prompt=prompt_texts[j],
-                attempt=_completion_text(completions[i]),
+                attempt=completion_text(completions[i]),
                 feedback=feedback[j],
                 reward=f"{g_r1[j].item():.2f}",
                 memory=self._memory_text(prompt_texts[j]),
@@ -470,10 +471,6 @@ def _prompt_text(prompt) -> str:
     if isinstance(prompt, str):
         return prompt
     return "\n".join(str(m["content"]) for m in prompt if m.get("role") != "assistant")
-
-
-def _completion_text(completion) -> str:
-    return completion if isinstance(completion, str) else str(completion[-1]["content"])
 
 
 def _as_completion(prompt, text: str):

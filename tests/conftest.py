@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from rewards import completion_text
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
@@ -61,11 +63,6 @@ def erl_args(tmp_path):
         return ERLConfig(**settings)
 
     return make
-
-
-def completion_text(completion) -> str:
-    """The text of a TRL completion (conversational or plain)."""
-    return completion if isinstance(completion, str) else completion[-1]["content"]
 
 
 def length_reward(completions, **kwargs) -> list[float]:

@@ -6,11 +6,12 @@ import math
 
 import pytest
 import torch
-from conftest import alternating_reward, completion_text, length_reward
+from conftest import alternating_reward, length_reward
 from peft import LoraConfig
 
 from pipeline import ERLConfig, ERLTrainer
 from pipeline.erl_trainer import _retry_advantages
+from rewards import completion_text
 
 
 def test_quick_start_trains_with_lora(tiny_model_dir, arithmetic_dataset, tmp_path):
