@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import alternating_reward, length_reward
 from peft import LoraConfig
+from transformers import TrainerCallback
 
 from pipeline import ERLConfig, ERLTrainer
 from pipeline.erl_trainer import _retry_advantages
@@ -38,6 +39,7 @@ def test_quick_start_trains_with_lora(tiny_model_dir, arithmetic_dataset, tmp_pa
         logging_steps=1,
     )
     lora_config = LoraConfig(r=8, lora_alpha=8, target_modules="all-linear")
+    sink = LogSink()  # what every report_to integration receives: Trainer callbacks' on_log
     trainer = ERLTrainer(
         model=tiny_model_dir,
         args=config,
@@ -45,6 +47,7 @@ def test_quick_start_trains_with_lora(tiny_model_dir, arithmetic_dataset, tmp_pa
         reward_funcs=length_reward,
         feedback_func=feedback_func,
         peft_config=lora_config,
+        callbacks=[sink],
     )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
@@ -55,6 +58,19 @@ def test_quick_start_trains_with_lora(tiny_model_dir, arithmetic_dataset, tmp_pa
     assert len(logged) == 2
     for key in ("erl/r1_mean", "erl/gated_fraction", "erl/memory_size", "erl/internalization_rows"):
         assert key in logged[0]
+        assert all(key in logs for logs in sink.logs)
+    assert len(sink.logs) == 2
+
+
+class LogSink(TrainerCallback):
+    """Collects the training logs a report_to integration would receive."""
+
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.logs.append(dict(logs))
 
 
 def test_gate_closed_trains_exactly_like_grpo(tiny_model_dir, arithmetic_dataset, erl_args):
