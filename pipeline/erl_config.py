@@ -15,7 +15,7 @@ from trl import GRPOConfig  # noqa: E402
 DEFAULT_REFLECTION_PROMPT = (
     "You tried to solve this task:\n{prompt}\n\n"
     "Your attempt:\n{attempt}\n\n"
-    "Feedback: {feedback}\nReward: {reward}\n\n"
+    "Feedback: {feedback}\nReward: {reward:.2f}\n\n"
     "Lessons from similar tasks:\n{memory}\n\n"
     "In one or two sentences, say what went wrong and how to fix it. Do not give the final answer."
 )
@@ -93,3 +93,9 @@ class ERLConfig(GRPOConfig):
                     f"{name} uses unknown placeholder(s) {unknown}; allowed: {list(allowed)} "
                     "(write literal braces as {{ and }})"
                 )
+            # Format once with values of the types the trainer passes ({reward} is a float),
+            # so that a bad format spec fails here rather than at the first gated batch.
+            try:
+                getattr(self, name).format(**{key: 0.0 if key == "reward" else "" for key in allowed})
+            except (ValueError, IndexError, KeyError) as err:
+                raise ValueError(f"{name} cannot be formatted: {err}") from err

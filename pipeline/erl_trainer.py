@@ -27,7 +27,7 @@ base is Unsloth's patched GRPOTrainer (it rebinds `trl.GRPOTrainer`).
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -111,11 +111,13 @@ class ERLTrainer(GRPOTrainer):
         self.feedback_func = feedback_func
         self.memory = ReflectionMemory(args.memory_size if args.enable_memory else 0)
         self._first_attempt: tuple | None = None
-        self._first_attempt_log: list[tuple[float, dict]] = []
+        # Bounded: only a consumer such as the curriculum callback empties it.
+        self._first_attempt_log: deque[tuple[float, dict]] = deque(maxlen=64 * args.generation_batch_size)
 
     def pop_first_attempts(self) -> list[tuple[float, dict]]:
         """(r1, dataset row) of every first attempt since the last call (this process's rows)."""
-        log, self._first_attempt_log = self._first_attempt_log, []
+        log = list(self._first_attempt_log)
+        self._first_attempt_log.clear()
         return log
 
     # Hooks into GRPOTrainer ------------------------------------------------------------
@@ -127,8 +129,10 @@ class ERLTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
+        # Read the mode first: Unsloth's version of the call below puts the model in training mode.
+        training = self.model.training
         output = super()._generate_and_score_completions(inputs)
-        if not self.model.training:
+        if not training:
             return output  # evaluation sees first attempts only
         rows, prompts, completions, completion_ids, rewards_per_func = self._first_attempt
         r1 = self._weighted_reward(self._local(rewards_per_func))
@@ -181,7 +185,7 @@ class ERLTrainer(GRPOTrainer):
                 prompt=prompt_texts[j],
                 attempt=completion_text(completions[i]),
                 feedback=feedback[j],
-                reward=f"{g_r1[j].item():.2f}",
+                reward=g_r1[j].item(),
                 memory=self._memory_text(prompt_texts[j]),
             ))
             for j, i in enumerate(idx)
@@ -195,37 +199,54 @@ class ERLTrainer(GRPOTrainer):
 
         # r2: the reward functions score y2 against the original row (answer/metadata columns).
         retries = [_as_completion(g_prompts[j], retry_texts[j]) for j in range(len(idx))]
+        # `attempt` tells reward functions (and their logs) that these are retries.
+        retry_rows = [{**row, "attempt": 2} for row in g_rows]
         r2 = self._weighted_reward(self._local(
-            super()._calculate_rewards(g_rows, g_prompts, retries, retry_ids)))
+            super()._calculate_rewards(retry_rows, g_prompts, retries, retry_ids)))
         # That call queued completion-table columns and metrics for y2 rows; GRPO already
         # flushed y1's, and y2 rows have no place in its table.
         self._pending_extra_logs.clear()
         self._pending_metrics.clear()
 
+        # A retry no reward function could score (all None -> NaN) carries no signal, as in GRPO.
+        scored = [v and r == r for v, r in zip(valid, r2.tolist())]
         advantages = _retry_advantages(
             [json.dumps(p, sort_keys=True, default=str) for p in g_prompts], r1=g_r1, r2=r2,
-            valid=valid, scale=self.args.scale_rewards != "none")
-        success = [v and r >= self.args.reward_threshold for v, r in zip(valid, r2.tolist())]
+            valid=scored, scale=self.args.scale_rewards != "none")
+        success = [v and r >= self.args.reward_threshold for v, r in zip(scored, r2.tolist())]
         self._remember([(prompt_texts[j], reflections[j].strip()) for j in range(len(idx)) if success[j]])
 
-        new_rows = _NewRows(refl_prompt_ids, refl_ids, advantages, list(valid))
-        new_rows.extend(_NewRows(retry_prompt_ids, retry_ids, list(advantages), list(valid)))
+        new_rows = _NewRows(refl_prompt_ids, refl_ids, advantages, self._trainable(refl_ids, valid))
+        new_rows.extend(_NewRows(retry_prompt_ids, retry_ids, list(advantages), self._trainable(retry_ids, valid)))
         internalize = self.args.enable_internalization and self.args.internalization_coef > 0
         kept = [j for j in range(len(idx)) if success[j]] if internalize else []
         if kept:
             original_ids, _, _ = self._tokenize_prompts([g_prompts[j] for j in kept])
-            new_rows.extend(_NewRows(list(original_ids), [retry_ids[j] for j in kept],
-                                     [self.args.internalization_coef] * len(kept), [True] * len(kept)))
+            kept_ids = [retry_ids[j] for j in kept]
+            new_rows.extend(_NewRows(list(original_ids), kept_ids, [self.args.internalization_coef] * len(kept),
+                                     self._trainable(kept_ids, [True] * len(kept))))
         self._log_experience(r2, valid, success, len(kept), new_rows)
         return new_rows
+
+    def _trainable(self, completion_ids: list[list[int]], valid: list[bool]) -> list[bool]:
+        """Which rows enter the loss: valid ones, less truncated completions when GRPO masks
+        those (`mask_truncated_completions`)."""
+        if not self.mask_truncated_completions:
+            return list(valid)
+        ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        return [ok and bool(ids) and ids[-1] in ends for ok, ids in zip(valid, completion_ids)]
 
     def _feedback(self, rows, prompts, completions, completion_ids) -> list[str]:
         """One feedback string per completion, from `feedback_func` (or the bare reward)."""
         if self.feedback_func is None:
             return ["No feedback available; the reward was below the target."] * len(prompts)
-        columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"}
-        feedback = self.feedback_func(prompts=prompts, completions=completions,
-                                      completion_ids=completion_ids, trainer_state=self.state, **columns)
+        # The reward functions' keyword arguments (TRL's _calculate_rewards). Anything it logs
+        # through log_extra/log_metric is dropped with the retries' logs (see _experience).
+        columns = {key: [row[key] for row in rows] for key in rows[0]
+                   if key not in ("prompt", "completion", "completion_ids")}
+        feedback = self.feedback_func(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                                      **columns, trainer_state=self.state, log_extra=self._log_completion_extra,
+                                      log_metric=self._log_metric)
         name = getattr(self.feedback_func, "__name__", type(self.feedback_func).__name__)
         if not isinstance(feedback, list | tuple) or len(feedback) != len(prompts):
             got = len(feedback) if isinstance(feedback, list | tuple) else type(feedback).__name__
@@ -253,15 +274,18 @@ class ERLTrainer(GRPOTrainer):
 
     def _log_experience(self, r2, valid, success, num_internalized, new_rows: _NewRows) -> None:
         metrics = self._metrics["train"]
-        mask = torch.tensor(valid, device=r2.device)
-        stats = torch.tensor([torch.nan_to_num(r2[mask]).sum().item(), mask.sum().item(),
+        mask = torch.tensor(valid, device=r2.device) & ~torch.isnan(r2)
+        stats = torch.tensor([r2[mask].sum().item(), mask.sum().item(),
                               float(sum(success)), float(num_internalized)], device=r2.device)
         total_r2, total_gated, total_success, total_internalized = (
             self.accelerator.reduce(stats, reduction="sum").tolist())
         metrics["erl/r2_mean"].append(total_r2 / max(total_gated, 1.0))
         metrics["erl/retry_success_rate"].append(total_success / max(total_gated, 1.0))
         metrics["erl/internalization_rows"].append(total_internalized)
-        loss = self._internalization_loss(new_rows, num_internalized) if num_internalized else None
+        # A metric-only forward; single-process only, since a forward on some ranks and not
+        # others would hang sharded (FSDP/ZeRO-3) training.
+        single = self.accelerator.num_processes == 1
+        loss = self._internalization_loss(new_rows, num_internalized) if num_internalized and single else None
         if loss is not None:
             metrics["erl/internalization_loss"].append(loss)
 

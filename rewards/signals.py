@@ -135,6 +135,8 @@ def build_reward_funcs(
             record["breakdown"] = breakdown
             record["feedback"] = feedback_sentence(scored, text, *feedback_targets)
             record["failure"] = scored.kind
+            # ERLTrainer scores retries through the same functions and marks them attempt=2.
+            record["attempt"] = kwargs.get("attempt", [1] * len(batch.results))[i]
             records.append(record)
         log.write(batch.index, records)
 

@@ -16,7 +16,7 @@ def test_seed_defaults():
     assert (config.reward_threshold, config.memory_size, config.memory_top_k) == (1.0, 50, 3)
     assert config.internalization_coef == 1.0
     assert config.enable_memory and config.enable_internalization
-    for placeholder in ("{prompt}", "{attempt}", "{feedback}", "{reward}", "{memory}"):
+    for placeholder in ("{prompt}", "{attempt}", "{feedback}", "{reward:.2f}", "{memory}"):
         assert placeholder in config.reflection_system_prompt
     assert "{prompt}" in config.retry_system_prompt and "{reflection}" in config.retry_system_prompt
 
@@ -32,11 +32,19 @@ def test_seed_defaults():
         ({"internalization_coef": float("nan")}, "internalization_coef"),
         ({"reward_threshold": float("inf")}, "reward_threshold"),
         ({"reflection_max_completion_length": 0}, "reflection_max_completion_length"),
+        ({"reflection_system_prompt": "{prompt} scored {reward:d}"}, "reflection_system_prompt cannot be formatted"),
+        ({"retry_system_prompt": "{prompt:.2f} {reflection}"}, "retry_system_prompt cannot be formatted"),
     ],
 )
 def test_bad_values_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make(**kwargs)
+
+
+def test_reward_takes_a_float_format_spec():
+    config = make(reflection_system_prompt="{prompt} {attempt} {feedback} {memory} scored {reward:.1f}")
+    assert config.reflection_system_prompt.format(prompt="", attempt="", feedback="", memory="",
+                                                  reward=0.25).endswith("scored 0.2")
 
 
 def test_literal_braces_are_allowed():

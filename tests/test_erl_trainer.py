@@ -320,3 +320,50 @@ def test_plain_text_prompts_reflect_and_retry_as_plain_text(tiny_model_dir, erl_
     # Rows n..2n-1 are reflections, 2n..3n-1 retries, both built from plain text (no chat template).
     assert prompt_text(n).startswith("You tried to solve this task:\n" + batch[0]["prompt"])
     assert prompt_text(2 * n).startswith(batch[0]["prompt"] + "\n\nAdvice from a previous attempt:")
+
+
+def test_unscorable_retries_carry_no_signal_and_get_the_reward_funcs_kwargs(tiny_model_dir, arithmetic_dataset,
+                                                                            erl_args):
+    """Retries every reward function returns None for (NaN r2) get advantage 0, as GRPO
+    gives unscorable rows; the feedback function gets the reward functions' kwargs."""
+    seen_kwargs = []
+
+    def reward(completions, attempt=None, **kwargs):
+        return [None] * len(completions) if attempt else [0.0] * len(completions)
+
+    def feedback_func(completions, **kwargs):
+        seen_kwargs.append(set(kwargs))
+        return ["wrong"] * len(completions)
+
+    trainer = ERLTrainer(model=tiny_model_dir, args=erl_args(reward_threshold=0.5), train_dataset=arithmetic_dataset,
+                         reward_funcs=reward, feedback_func=feedback_func)
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    out = trainer._generate_and_score_completions(batch)
+    n = len(batch)
+    assert out["advantages"][n:].abs().sum().item() == 0.0
+    assert len(trainer.memory) == 0 and trainer._metrics["train"]["erl/retry_success_rate"] == [0.0]
+    assert {"prompts", "completion_ids", "answer", "trainer_state", "log_metric", "log_extra"} <= seen_kwargs[0]
+
+
+def test_truncated_erl_rows_are_masked_when_grpo_masks_truncation(tiny_model_dir, arithmetic_dataset, erl_args):
+    args = erl_args(reward_threshold=2.0, max_completion_length=3, reflection_max_completion_length=3,
+                    mask_truncated_completions=True)
+    trainer = ERLTrainer(model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset, reward_funcs=length_reward)
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    out = trainer._generate_and_score_completions(batch)
+    ends = {*trainer.eos_token_ids, trainer._tokenizer.pad_token_id}
+    for ids, mask in zip(out["completion_ids"], out["completion_mask"]):
+        if mask.sum() > 0:  # a row in the loss ended with EOS within the length
+            assert ids[mask.bool()][-1].item() in ends
+    assert out["completion_mask"][len(batch):].sum() < out["completion_mask"][len(batch):].numel()
+
+
+def test_first_attempt_log_is_bounded_without_a_consumer(tiny_model_dir, arithmetic_dataset, erl_args):
+    trainer = ERLTrainer(model=tiny_model_dir, args=erl_args(reward_threshold=-1.0, max_steps=3),
+                         train_dataset=arithmetic_dataset, reward_funcs=length_reward)
+    trainer.train()
+    attempts = trainer.pop_first_attempts()
+    assert len(attempts) == 3 * 8 and trainer._first_attempt_log.maxlen == 64 * 8
+    assert all(row["answer"] for _, row in attempts) and trainer.pop_first_attempts() == []

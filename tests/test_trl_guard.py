@@ -40,6 +40,7 @@ def test_private_attributes_erl_uses_exist(tiny_model_dir, arithmetic_dataset, e
     trainer = ERLTrainer(model=tiny_model_dir, args=erl_args(), train_dataset=arithmetic_dataset,
                          reward_funcs=length_reward)
     for attribute in ("_metrics", "_pending_extra_logs", "_pending_metrics", "_tokenizer",
-                      "generation_config", "generation_kwargs", "reward_weights", "use_vllm", "ref_model"):
+                      "generation_config", "generation_kwargs", "reward_weights", "use_vllm", "ref_model",
+                      "mask_truncated_completions", "eos_token_ids", "_log_metric", "_log_completion_extra"):
         assert hasattr(trainer, attribute), attribute
     assert trainer.generation_kwargs["max_new_tokens"] == trainer.generation_config.max_new_tokens
