@@ -51,10 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.tiny_model import build_tiny_model
     from rewards import Scorer, build_feedback_func, build_reward_funcs
 
+    if args.world_size > 1:
+        raise SystemExit("error: python -m pipeline.run trains on one process (one GPU); "
+                         "use ERLTrainer directly under accelerate for several")
     output_dir = Path(args.output_dir)
     check_output_dir(output_dir, run.resume)
     output_dir.mkdir(parents=True, exist_ok=True)
     state = CurriculumState.load(output_dir / STATE_FILENAME)
+    state.save()  # first thing: a run killed at any point after this can be resumed
 
     # ---- Task, controller and rewards.
     task = get_task(run.task, **run.task_config)
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.info(f"SFT warm-up: {run.warmup_sft_steps} steps on {task.name} level {controller.level} references")
         sft_warmup(model, tokenizer, task, controller.level, steps=run.warmup_sft_steps,
                    examples=run.warmup_sft_examples, batch_size=run.warmup_sft_batch_size,
-                   learning_rate=run.warmup_sft_learning_rate, args=args, output_dir=str(warmup_dir / "trainer"))
+                   learning_rate=run.warmup_sft_learning_rate, args=args,
+                   output_dir=str(output_dir / ".warmup_trainer"))
         save_policy(model, tokenizer, memory, warmup_dir, atomic=True)
 
     # ---- The stages: train until promoted or out of steps, evaluate, save, plot.
@@ -108,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _restore_latest(model, memory, output_dir: Path, state) -> Path | None:
     """Load the newest saved policy of an earlier run in `output_dir`: the last finished
-    stage, else the warm-up. (A running stage's own checkpoint is resumed by its trainer.)"""
+    stage, else the warm-up (written atomically, so it exists only once complete). A
+    running stage's own checkpoint is resumed by its trainer."""
     from pipeline.checkpoints import load_policy_weights
 
     finished = [s for s in state.stages if s.finished and s.checkpoint]

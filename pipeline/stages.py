@@ -18,6 +18,7 @@ from curriculum.controller import CurriculumController
 from curriculum.state import atomic_write_json
 from curriculum.tasks import Task
 from pipeline.checkpoints import CONTROLLER_FILE
+from pipeline.plots import read_metrics
 
 METRICS_FILE = "metrics.jsonl"
 logger = logging.getLogger("pipeline.run")
@@ -55,7 +56,11 @@ class CurriculumCallback(TrainerCallback):
         self.controller = controller
         self.metrics_path = stage_dir / METRICS_FILE
         self.step_offset = step_offset
-        self.r2_values: list[float] = []
+        # r2 of the steps logged before a resume count too (truncate_metrics ran first).
+        self.r2_values: list[float] = [
+            record["erl/r2_mean"] for record in read_metrics(self.metrics_path)
+            if "erl/r2_mean" in record and record.get("erl/gated_fraction", 0) > 0
+        ]
 
     def on_step_end(self, args, state, control, **kwargs):
         attempts = self.trainer.pop_first_attempts()
@@ -64,6 +69,10 @@ class CurriculumCallback(TrainerCallback):
         if self.controller.should_stop_stage():
             control.should_training_stop = True
             control.should_save = False  # the stage folder is saved next; no checkpoint needed
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if control.should_training_stop:
+            control.should_save = False  # save_strategy="epoch" sets it again at the stop
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "train_runtime" in logs:
@@ -86,14 +95,14 @@ class CurriculumCallback(TrainerCallback):
 
 
 def truncate_metrics(stage_dir: Path, last_stage_step: int) -> None:
-    """Drop metric lines logged after the checkpoint a resume continues from."""
+    """Drop metric lines logged after the checkpoint a resume continues from (and a line
+    torn by a kill)."""
     path = stage_dir / METRICS_FILE
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["stage_step"] <= last_stage_step]
+    kept = [record for record in read_metrics(path) if record.get("stage_step", 0) <= last_stage_step]
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.write_text("".join(json.dumps(record, default=str) + "\n" for record in kept))
     tmp.replace(path)
 
 

@@ -111,6 +111,11 @@ def build_tiny_model(
     stamp = out / "tiny_model.json"
     if not overwrite and stamp.exists() and json.loads(stamp.read_text()) == settings:
         return str(out)
+    if out.exists() and any(out.iterdir()) and not stamp.exists():
+        raise ValueError(
+            f"{out} is not empty and holds no tiny model built by this project; refusing to "
+            "replace it (choose an empty folder for build_tiny_model)"
+        )
 
     tokenizer = build_tokenizer(corpus if corpus is not None else _default_corpus(), size.get("vocab_size", DEFAULT_SIZE["vocab_size"]))
     config = LlamaConfig(

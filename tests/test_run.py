@@ -92,7 +92,8 @@ def test_tiny_run_writes_the_output_contract(tiny_model_dir, tmp_path):
     AutoModelForCausalLM.from_pretrained(out / "final")
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     generations = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
-    assert generations and {"step", "level", "completion", "reward", "feedback"} <= set(generations[0])
+    assert generations and {"step", "level", "completion", "reward", "feedback", "attempt"} <= set(generations[0])
+    assert {g["attempt"] for g in generations} <= {1, 2}
 
     # A finished run's folder is not overwritten by accident.
     with pytest.raises(SystemExit, match="--resume"):
@@ -150,3 +151,25 @@ def test_sigkill_in_stage_two_then_resume(tiny_model_dir, tmp_path):
     from peft import PeftConfig
 
     assert PeftConfig.from_pretrained(out / "final").r == 4
+
+
+@pytest.mark.slow
+def test_a_run_interrupted_in_the_warmup_resumes(tiny_model_dir, tmp_path, monkeypatch):
+    """Ctrl-C during the SFT warm-up: the folder is resumable and the warm-up reruns."""
+    from trl import SFTTrainer
+
+    out = tmp_path / "run"
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SFTTrainer, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(run_args(tiny_model_dir, out))
+    monkeypatch.undo()
+    assert (out / "curriculum_state.json").exists() and not (out / "warmup").exists()
+    with pytest.raises(SystemExit, match="--resume"):
+        main(run_args(tiny_model_dir, out))
+    assert main(run_args(tiny_model_dir, out, "--resume", "true")) == 0
+    assert json.loads((out / "curriculum_state.json").read_text())["finished"] is True
+    assert (out / "warmup" / "model.safetensors").exists()

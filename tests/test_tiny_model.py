@@ -35,3 +35,12 @@ def test_reuses_a_matching_folder_and_rebuilds_on_new_size(tmp_path):
 def test_unknown_size_key_is_an_error(tmp_path):
     with pytest.raises(ValueError, match=r"unknown size key\(s\) \['layers'\]"):
         build_tiny_model(str(tmp_path / "m"), layers=3)
+
+
+def test_never_replaces_a_folder_it_did_not_build(tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "my_weights.safetensors").write_bytes(b"precious")
+    with pytest.raises(ValueError, match="refusing to replace it"):
+        build_tiny_model(str(folder))
+    assert (folder / "my_weights.safetensors").read_bytes() == b"precious"
