@@ -137,4 +137,8 @@ def parse_run_config(argv: list[str]):
     curriculum.validate()
     if args.max_steps not in (-1, None):
         raise ValueError("max_steps is set per stage by the curriculum: use max_stage_steps instead")
+    if args.save_total_limit == 1:
+        # The newest checkpoint is marked complete only after the trainer deleted the one
+        # before it: with one kept, a kill in between would leave nothing to resume from.
+        raise ValueError("save_total_limit must be >= 2 (or unset) so that a stage can always resume")
     return run, model, curriculum, args

@@ -38,6 +38,7 @@ def run_args(tiny_model_dir, output_dir, *extra):
         (["--prompts_per_stage", "0"], "prompts_per_stage must be >= 1, got 0"),
         (["--reward_signals", "{not json"], "reward_signals must be a JSON object"),
         (["--max_steps", "10"], "use max_stage_steps"),
+        (["--save_total_limit", "1"], "save_total_limit must be >= 2"),
         (["--plateau_policy", "retry"], "plateau_policy"),
         (["--task", "chess"], "unknown task 'chess'"),
         (["--reward_signals", '{"style": 1.0}'], "style"),
