@@ -96,6 +96,8 @@ def test_generation_is_deterministic_and_in_the_common_schema(name, data_dir):
     for level in task.levels:
         rows = task.generate(level, 8, seed=0)
         assert rows == task.generate(level, 8, seed=0), f"level {level}: not deterministic"
+        fresh = load_family(name, data_dir)  # no hidden state carried between calls or instances
+        assert rows == fresh.generate(level, 8, seed=0), f"level {level}: differs on a new instance"
         assert rows != task.generate(level, 8, seed=1), f"level {level}: seed changes nothing"
         for row in rows:
             assert set(row) == ROW_KEYS, f"level {level}: keys {sorted(row)}"
