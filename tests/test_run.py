@@ -138,8 +138,8 @@ def test_sigkill_in_stage_two_then_resume(tiny_model_dir, tmp_path):
         [s["status"] for s in state["stages"]] == ["promoted", "running"]
     stage_one = {p: p.stat().st_mtime_ns for p in (out / "stage_1").iterdir() if p.is_file()}
 
-    resumed = subprocess.run([*command, "--resume", "true"], cwd=REPO, env=env, capture_output=True,
-                             text=True, timeout=900)
+    resumed = subprocess.run([*command, "--resume", "true", "--save_merged", "true"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming" in resumed.stderr + resumed.stdout
     state = json.loads((out / "curriculum_state.json").read_text())
@@ -150,8 +150,11 @@ def test_sigkill_in_stage_two_then_resume(tiny_model_dir, tmp_path):
     metrics = [json.loads(line) for line in (out / "stage_2" / "metrics.jsonl").read_text().splitlines()]
     assert [m["stage_step"] for m in metrics if "loss" in m] == [1, 2, 3, 4, 5, 6]
     from peft import PeftConfig
+    from transformers import AutoModelForCausalLM
 
     assert PeftConfig.from_pretrained(out / "final").r == 4
+    merged = AutoModelForCausalLM.from_pretrained(out / "final_merged")  # LoRA folded into the weights
+    assert not any("lora" in name for name, _ in merged.named_parameters())
 
 
 @pytest.mark.slow
