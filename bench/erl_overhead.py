@@ -124,20 +124,27 @@ def _rss() -> int:
 
 
 def run(trainer_cls, args, model_dir, dataset, warmup, **extra):
-    trainer = trainer_cls(model=model_dir, args=args, train_dataset=dataset,
-                          reward_funcs=length_reward, **extra)
+    trainer = trainer_cls(
+        model=model_dir, args=args, train_dataset=dataset, reward_funcs=length_reward, **extra
+    )
     with PeakMemory() as memory:
         trainer.train()
     steps = trainer.step_seconds[warmup:]
-    phases = {k: v * len(steps) / len(trainer.step_seconds) for k, v in trainer.phase_seconds.items()}
+    phases = {
+        k: v * len(steps) / len(trainer.step_seconds) for k, v in trainer.phase_seconds.items()
+    }
     return steps, phases, sum(steps), memory.bytes
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=12, help="measured steps per trainer")
     parser.add_argument("--warmup", type=int, default=3, help="steps excluded from the figures")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the three variants")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="interleaved rounds of the three variants"
+    )
     parser.add_argument("--batch", type=int, default=16, help="completions per step")
     parser.add_argument("--max_completion_length", type=int, default=24)
     opts = parser.parse_args()
@@ -145,40 +152,67 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="erl-bench-"))
     model_dir = build_tiny_model(str(work / "tiny"))
     dataset = Dataset.from_list(get_task("arithmetic").generate(1, 512, seed=0))
-    common = dict(per_device_train_batch_size=opts.batch, num_generations=4,
-                  max_completion_length=opts.max_completion_length, max_steps=opts.warmup + opts.steps,
-                  learning_rate=1e-4, bf16=False, report_to=[], logging_steps=1, save_strategy="no",
-                  seed=0, disable_tqdm=True)
+    common = dict(
+        per_device_train_batch_size=opts.batch,
+        num_generations=4,
+        max_completion_length=opts.max_completion_length,
+        max_steps=opts.warmup + opts.steps,
+        learning_rate=1e-4,
+        bf16=False,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
 
     configs = {
         "grpo": (TimedGRPO, lambda i: GRPOConfig(output_dir=str(work / f"grpo{i}"), **common), {}),
-        "erl_gate_closed": (TimedERL, lambda i: ERLConfig(output_dir=str(work / f"closed{i}"),
-                                                          reward_threshold=-1.0, **common),
-                            {"feedback_func": feedback}),
-        "erl_all_gated": (TimedERL, lambda i: ERLConfig(output_dir=str(work / f"gated{i}"),
-                                                        reward_threshold=2.0, **common),
-                          {"feedback_func": feedback}),
+        "erl_gate_closed": (
+            TimedERL,
+            lambda i: ERLConfig(
+                output_dir=str(work / f"closed{i}"), reward_threshold=-1.0, **common
+            ),
+            {"feedback_func": feedback},
+        ),
+        "erl_all_gated": (
+            TimedERL,
+            lambda i: ERLConfig(output_dir=str(work / f"gated{i}"), reward_threshold=2.0, **common),
+            {"feedback_func": feedback},
+        ),
     }
     # Interleaved rounds, so that drift in the machine's load affects every variant alike.
-    steps, memory, phases, totals = defaultdict(list), defaultdict(list), defaultdict(float), defaultdict(float)
+    steps, memory, phases, totals = (
+        defaultdict(list),
+        defaultdict(list),
+        defaultdict(float),
+        defaultdict(float),
+    )
     for round_index in range(opts.rounds):
         for name, (cls, make_args, extra) in configs.items():
-            step_times, round_phases, total, peak = run(cls, make_args(round_index), model_dir, dataset,
-                                                        opts.warmup, **extra)
+            step_times, round_phases, total, peak = run(
+                cls, make_args(round_index), model_dir, dataset, opts.warmup, **extra
+            )
             steps[name] += step_times
             memory[name].append(peak)
             totals[name] += total
             for key, value in round_phases.items():
                 phases[name, key] += value
     median = {name: statistics.median(times) for name, times in steps.items()}
-    grpo_time, closed_time, gated_time = median["grpo"], median["erl_gate_closed"], median["erl_all_gated"]
+    grpo_time, closed_time, gated_time = (
+        median["grpo"],
+        median["erl_gate_closed"],
+        median["erl_all_gated"],
+    )
     grpo_mem, gated_mem = max(memory["grpo"]), max(memory["erl_all_gated"])
     phases = {key: phases["erl_all_gated", key] for key in ("prepare", "generate", "forward")}
     total = totals["erl_all_gated"]
 
     outside = phases["prepare"] - phases["generate"] - phases.get("forward", 0.0)
-    print(f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}, steps: {opts.rounds} x {opts.steps} "
-          f"(after {opts.warmup} warm-up each), completions/step: {opts.batch}")
+    print(
+        f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}, steps: {opts.rounds} x {opts.steps} "
+        f"(after {opts.warmup} warm-up each), completions/step: {opts.batch}"
+    )
     print(f"median_step_s[grpo]: {grpo_time:.4f}")
     print(f"median_step_s[erl_gate_closed]: {closed_time:.4f}")
     print(f"median_step_s[erl_all_gated]: {gated_time:.4f}")

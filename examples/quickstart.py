@@ -15,13 +15,17 @@ dataset = Dataset.from_list(task.generate(level=1, n=64, seed=0))
 
 # Standard reward function (same as TRL): 1.0 for an exact "<answer>N</answer>".
 def reward_func(completions, answer, **kwargs):
-    return [float(c[0]["content"].strip() == f"<answer>{a}</answer>") for c, a in zip(completions, answer)]
+    return [
+        float(c[0]["content"].strip() == f"<answer>{a}</answer>")
+        for c, a in zip(completions, answer)
+    ]
 
 
 # ERL's addition: textual feedback, one string per completion.
 def feedback_func(completions, answer, **kwargs):
     return [
-        "Correct." if c[0]["content"].strip() == f"<answer>{a}</answer>"
+        "Correct."
+        if c[0]["content"].strip() == f"<answer>{a}</answer>"
         else "Reply with exactly <answer>N</answer>, where N is the sum."
         for c, a in zip(completions, answer)
     ]

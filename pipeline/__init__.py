@@ -27,8 +27,14 @@ _LAZY = {
     "build_tiny_model": "pipeline.tiny_model",
 }
 
-__all__ = ["ERLConfig", "ERLTrainer", "ReflectionMemory", "activate_backend", "active_backend",
-           "build_tiny_model"]
+__all__ = [
+    "ERLConfig",
+    "ERLTrainer",
+    "ReflectionMemory",
+    "activate_backend",
+    "active_backend",
+    "build_tiny_model",
+]
 
 
 def __getattr__(name: str):

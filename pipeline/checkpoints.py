@@ -76,7 +76,9 @@ def latest_trainer_checkpoint(folder: Path) -> Path | None:
     which happens after the trainer finished writing the checkpoint."""
     if not folder.exists():
         return None
-    candidates = [p for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if (p / CONTROLLER_FILE).exists()]
+    candidates = [
+        p for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if (p / CONTROLLER_FILE).exists()
+    ]
     return max(candidates, key=lambda p: int(p.name.rsplit("-", 1)[1]), default=None)
 
 

@@ -19,17 +19,45 @@ class _DeviceDispatchingLogProb:
     def __init__(self, cuda_kernel) -> None:
         self.cuda_kernel = cuda_kernel
 
-    def apply(self, hidden, weight, bias, targets, temperature, chunk_size,
-              final_logit_softcapping=None, logit_scale=1.0, outputs=("entropy",)):
+    def apply(
+        self,
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature,
+        chunk_size,
+        final_logit_softcapping=None,
+        logit_scale=1.0,
+        outputs=("entropy",),
+    ):
         if hidden.is_cuda and self.cuda_kernel is not None:
-            return self.cuda_kernel.apply(hidden, weight, bias, targets, temperature, chunk_size,
-                                          final_logit_softcapping, logit_scale, outputs)
-        return torch_logprobs(hidden, weight, bias, targets, temperature,
-                              final_logit_softcapping, logit_scale, outputs)
+            return self.cuda_kernel.apply(
+                hidden,
+                weight,
+                bias,
+                targets,
+                temperature,
+                chunk_size,
+                final_logit_softcapping,
+                logit_scale,
+                outputs,
+            )
+        return torch_logprobs(
+            hidden,
+            weight,
+            bias,
+            targets,
+            temperature,
+            final_logit_softcapping,
+            logit_scale,
+            outputs,
+        )
 
 
-def torch_logprobs(hidden, weight, bias, targets, temperature, softcap=None, logit_scale=1.0,
-                   outputs=("entropy",)):
+def torch_logprobs(
+    hidden, weight, bias, targets, temperature, softcap=None, logit_scale=1.0, outputs=("entropy",)
+):
     """Per-token log-probs (and the optional outputs TRL's kernel offers) with full logits."""
     logits = F.linear(hidden, weight, bias).float() * logit_scale
     if softcap is not None:
@@ -39,7 +67,9 @@ def torch_logprobs(hidden, weight, bias, targets, temperature, softcap=None, log
     log_probs = log_probs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) if "entropy" in outputs else None
     with torch.no_grad():
-        log_sum_sq = torch.logsumexp(2 * log_probs_all, dim=-1) if "log_sum_sq_probs" in outputs else None
+        log_sum_sq = (
+            torch.logsumexp(2 * log_probs_all, dim=-1) if "log_sum_sq_probs" in outputs else None
+        )
         mean_logits = logits.mean(-1) if "mean_logits" in outputs else None
         is_top1 = logits.argmax(-1) == targets if "is_top1" in outputs else None
     return log_probs, entropy, log_sum_sq, mean_logits, is_top1

@@ -36,17 +36,25 @@ class ERLConfig(GRPOConfig):
 
     reward_threshold: float = field(
         default=1.0,
-        metadata={"help": "Gating threshold: first attempts with reward r1 below it reflect and retry."},
+        metadata={
+            "help": "Gating threshold: first attempts with reward r1 below it reflect and retry."
+        },
     )
     memory_size: int = field(
-        default=50, metadata={"help": "Most successful reflections kept in the cross-episode memory (FIFO)."}
+        default=50,
+        metadata={"help": "Most successful reflections kept in the cross-episode memory (FIFO)."},
     )
     memory_top_k: int = field(
-        default=3, metadata={"help": "Stored reflections retrieved (most relevant first) per reflection prompt."}
+        default=3,
+        metadata={
+            "help": "Stored reflections retrieved (most relevant first) per reflection prompt."
+        },
     )
     reflection_system_prompt: str = field(
         default=DEFAULT_REFLECTION_PROMPT,
-        metadata={"help": "Reflection template; placeholders {prompt} {attempt} {feedback} {reward} {memory}."},
+        metadata={
+            "help": "Reflection template; placeholders {prompt} {attempt} {feedback} {reward} {memory}."
+        },
     )
     retry_system_prompt: str = field(
         default=DEFAULT_RETRY_PROMPT,
@@ -54,16 +62,23 @@ class ERLConfig(GRPOConfig):
     )
     internalization_coef: float = field(
         default=1.0,
-        metadata={"help": "Weight of the internalization loss (CE on original prompt -> successful retry)."},
+        metadata={
+            "help": "Weight of the internalization loss (CE on original prompt -> successful retry)."
+        },
     )
-    enable_memory: bool = field(default=True, metadata={"help": "Use the cross-episode reflection memory."})
+    enable_memory: bool = field(
+        default=True, metadata={"help": "Use the cross-episode reflection memory."}
+    )
     enable_internalization: bool = field(
-        default=True, metadata={"help": "Distil successful retries into answers to the original prompt."}
+        default=True,
+        metadata={"help": "Distil successful retries into answers to the original prompt."},
     )
     reflection_max_completion_length: int | None = field(
         default=None,
-        metadata={"help": "Max tokens of a reflection (default: max_completion_length). Retries use "
-                  "max_completion_length, since they are trained as answers to the original prompt."},
+        metadata={
+            "help": "Max tokens of a reflection (default: max_completion_length). Retries use "
+            "max_completion_length, since they are trained as answers to the original prompt."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -74,8 +89,13 @@ class ERLConfig(GRPOConfig):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not (math.isfinite(self.internalization_coef) and self.internalization_coef >= 0):
-            raise ValueError(f"internalization_coef must be a finite number >= 0, got {self.internalization_coef}")
-        if self.reflection_max_completion_length is not None and self.reflection_max_completion_length < 1:
+            raise ValueError(
+                f"internalization_coef must be a finite number >= 0, got {self.internalization_coef}"
+            )
+        if (
+            self.reflection_max_completion_length is not None
+            and self.reflection_max_completion_length < 1
+        ):
             raise ValueError(
                 f"reflection_max_completion_length must be >= 1, got {self.reflection_max_completion_length}"
             )
@@ -96,6 +116,8 @@ class ERLConfig(GRPOConfig):
             # Format once with values of the types the trainer passes ({reward} is a float),
             # so that a bad format spec fails here rather than at the first gated batch.
             try:
-                getattr(self, name).format(**{key: 0.0 if key == "reward" else "" for key in allowed})
+                getattr(self, name).format(
+                    **{key: 0.0 if key == "reward" else "" for key in allowed}
+                )
             except (ValueError, IndexError, KeyError) as err:
                 raise ValueError(f"{name} cannot be formatted: {err}") from err

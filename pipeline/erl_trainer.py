@@ -51,9 +51,16 @@ FeedbackFunc = Callable[..., list[str]]
 
 # Batch keys whose rows ERL knows how to extend; anything else (images, tool masks) is refused.
 _ROW_KEYS = {
-    "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
-    "old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps",
-    "importance_sampling_ratio", "max_left_pad",
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "advantages",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "importance_sampling_ratio",
+    "max_left_pad",
 }
 _SCALAR_KEYS = {"num_items_in_batch"}
 
@@ -106,13 +113,17 @@ class ERLTrainer(GRPOTrainer):
             raise TypeError(f"feedback_func must be callable, got {type(feedback_func).__name__}")
         for unsupported in ("tools", "rollout_func", "environment_factory"):
             if kwargs.get(unsupported) is not None:
-                raise ValueError(f"ERLTrainer does not support {unsupported}= (multi-turn rollouts)")
+                raise ValueError(
+                    f"ERLTrainer does not support {unsupported}= (multi-turn rollouts)"
+                )
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self.feedback_func = feedback_func
         self.memory = ReflectionMemory(args.memory_size if args.enable_memory else 0)
         self._first_attempt: tuple | None = None
         # Bounded: only a consumer such as the curriculum callback empties it.
-        self._first_attempt_log: deque[tuple[float, dict]] = deque(maxlen=64 * args.generation_batch_size)
+        self._first_attempt_log: deque[tuple[float, dict]] = deque(
+            maxlen=64 * args.generation_batch_size
+        )
 
     def pop_first_attempts(self) -> list[tuple[float, dict]]:
         """(r1, dataset row) of every first attempt since the last call (this process's rows)."""
@@ -123,7 +134,9 @@ class ERLTrainer(GRPOTrainer):
     # Hooks into GRPOTrainer ------------------------------------------------------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards_per_func = super()._calculate_rewards(
+            inputs, prompts, completions, completion_ids_list
+        )
         # Kept for `_generate_and_score_completions`, which needs r1 and the decoded y1.
         self._first_attempt = (inputs, prompts, completions, completion_ids_list, rewards_per_func)
         return rewards_per_func
@@ -138,7 +151,9 @@ class ERLTrainer(GRPOTrainer):
         r1 = self._weighted_reward(self._local(rewards_per_func))
         self._first_attempt_log.extend(zip(r1.tolist(), rows))
         threshold = self.args.reward_threshold
-        gated = [i for i, r in enumerate(r1.tolist()) if r < threshold]  # NaN (unscorable) never gates
+        gated = [
+            i for i, r in enumerate(r1.tolist()) if r < threshold
+        ]  # NaN (unscorable) never gates
 
         metrics = self._metrics["train"]
         all_r1 = self.accelerator.gather(r1)
@@ -146,8 +161,15 @@ class ERLTrainer(GRPOTrainer):
         num_gated = self.accelerator.gather(torch.tensor([len(gated)], device=r1.device))
         metrics["erl/gated_fraction"].append(num_gated.sum().item() / all_r1.numel())
         if num_gated.max().item() > 0:
-            new_rows = self._experience(rows, prompts, completions, completion_ids, r1, gated,
-                                        pad_to=int(num_gated.max().item()))
+            new_rows = self._experience(
+                rows,
+                prompts,
+                completions,
+                completion_ids,
+                r1,
+                gated,
+                pad_to=int(num_gated.max().item()),
+            )
             output = self._merge_rows(output, new_rows)
         else:
             metrics["erl/internalization_rows"].append(0.0)
@@ -167,7 +189,9 @@ class ERLTrainer(GRPOTrainer):
 
     # The ERL phases --------------------------------------------------------------------
 
-    def _experience(self, rows, prompts, completions, completion_ids, r1, gated, pad_to) -> _NewRows:
+    def _experience(
+        self, rows, prompts, completions, completion_ids, r1, gated, pad_to
+    ) -> _NewRows:
         """Phases 1-7 for the gated rows; returns the reflection, retry and internalization rows."""
         valid = [True] * len(gated) + [False] * (pad_to - len(gated))
         # Every process must score the same number of rows (the reward gather needs it):
@@ -176,33 +200,45 @@ class ERLTrainer(GRPOTrainer):
         g_rows = [rows[i] for i in idx]
         g_prompts = [prompts[i] for i in idx]
         g_r1 = r1[idx]
-        feedback = self._feedback(g_rows, g_prompts, [completions[i] for i in idx],
-                                  [completion_ids[i] for i in idx])
+        feedback = self._feedback(
+            g_rows, g_prompts, [completions[i] for i in idx], [completion_ids[i] for i in idx]
+        )
 
         prompt_texts = [_prompt_text(p) for p in g_prompts]
         reflection_prompts = [
-            self._as_prompt(g_prompts[j], self.args.reflection_system_prompt.format(
-                prompt=prompt_texts[j],
-                attempt=completion_text(completions[i]),
-                feedback=feedback[j],
-                reward=g_r1[j].item(),
-                memory=self._memory_text(prompt_texts[j]),
-            ))
+            self._as_prompt(
+                g_prompts[j],
+                self.args.reflection_system_prompt.format(
+                    prompt=prompt_texts[j],
+                    attempt=completion_text(completions[i]),
+                    feedback=feedback[j],
+                    reward=g_r1[j].item(),
+                    memory=self._memory_text(prompt_texts[j]),
+                ),
+            )
             for j, i in enumerate(idx)
         ]
-        reflection_len = self.args.reflection_max_completion_length or self.args.max_completion_length
-        refl_prompt_ids, refl_ids, reflections = self._generate_rows(reflection_prompts, reflection_len)
+        reflection_len = (
+            self.args.reflection_max_completion_length or self.args.max_completion_length
+        )
+        refl_prompt_ids, refl_ids, reflections = self._generate_rows(
+            reflection_prompts, reflection_len
+        )
 
-        retry_prompts = [self._retry_prompt(g_prompts[j], reflections[j].strip()) for j in range(len(idx))]
+        retry_prompts = [
+            self._retry_prompt(g_prompts[j], reflections[j].strip()) for j in range(len(idx))
+        ]
         retry_prompt_ids, retry_ids, retry_texts = self._generate_rows(
-            retry_prompts, self.args.max_completion_length)
+            retry_prompts, self.args.max_completion_length
+        )
 
         # r2: the reward functions score y2 against the original row (answer/metadata columns).
         retries = [_as_completion(g_prompts[j], retry_texts[j]) for j in range(len(idx))]
         # `attempt` tells reward functions (and their logs) that these are retries.
         retry_rows = [{**row, "attempt": 2} for row in g_rows]
-        r2 = self._weighted_reward(self._local(
-            super()._calculate_rewards(retry_rows, g_prompts, retries, retry_ids)))
+        r2 = self._weighted_reward(
+            self._local(super()._calculate_rewards(retry_rows, g_prompts, retries, retry_ids))
+        )
         # That call queued completion-table columns and metrics for y2 rows; GRPO already
         # flushed y1's, and y2 rows have no place in its table.
         self._pending_extra_logs.clear()
@@ -211,20 +247,36 @@ class ERLTrainer(GRPOTrainer):
         # A retry no reward function could score (all None -> NaN) carries no signal, as in GRPO.
         scored = [v and r == r for v, r in zip(valid, r2.tolist())]
         advantages = _retry_advantages(
-            [json.dumps(p, sort_keys=True, default=str) for p in g_prompts], r1=g_r1, r2=r2,
-            valid=scored, scale=self.args.scale_rewards != "none")
+            [json.dumps(p, sort_keys=True, default=str) for p in g_prompts],
+            r1=g_r1,
+            r2=r2,
+            valid=scored,
+            scale=self.args.scale_rewards != "none",
+        )
         success = [v and r >= self.args.reward_threshold for v, r in zip(scored, r2.tolist())]
-        self._remember([(prompt_texts[j], reflections[j].strip()) for j in range(len(idx)) if success[j]])
+        self._remember(
+            [(prompt_texts[j], reflections[j].strip()) for j in range(len(idx)) if success[j]]
+        )
 
         new_rows = _NewRows(refl_prompt_ids, refl_ids, advantages, self._trainable(refl_ids, valid))
-        new_rows.extend(_NewRows(retry_prompt_ids, retry_ids, list(advantages), self._trainable(retry_ids, valid)))
+        new_rows.extend(
+            _NewRows(
+                retry_prompt_ids, retry_ids, list(advantages), self._trainable(retry_ids, valid)
+            )
+        )
         internalize = self.args.enable_internalization and self.args.internalization_coef > 0
         kept = [j for j in range(len(idx)) if success[j]] if internalize else []
         if kept:
             original_ids, _, _ = self._tokenize_prompts([g_prompts[j] for j in kept])
             kept_ids = [retry_ids[j] for j in kept]
-            new_rows.extend(_NewRows(list(original_ids), kept_ids, [self.args.internalization_coef] * len(kept),
-                                     self._trainable(kept_ids, [True] * len(kept))))
+            new_rows.extend(
+                _NewRows(
+                    list(original_ids),
+                    kept_ids,
+                    [self.args.internalization_coef] * len(kept),
+                    self._trainable(kept_ids, [True] * len(kept)),
+                )
+            )
         self._log_experience(r2, valid, success, len(kept), new_rows)
         return new_rows
 
@@ -242,11 +294,20 @@ class ERLTrainer(GRPOTrainer):
             return ["No feedback available; the reward was below the target."] * len(prompts)
         # The reward functions' keyword arguments (TRL's _calculate_rewards). Anything it logs
         # through log_extra/log_metric is dropped with the retries' logs (see _experience).
-        columns = {key: [row[key] for row in rows] for key in rows[0]
-                   if key not in ("prompt", "completion", "completion_ids")}
-        feedback = self.feedback_func(prompts=prompts, completions=completions, completion_ids=completion_ids,
-                                      **columns, trainer_state=self.state, log_extra=self._log_completion_extra,
-                                      log_metric=self._log_metric)
+        columns = {
+            key: [row[key] for row in rows]
+            for key in rows[0]
+            if key not in ("prompt", "completion", "completion_ids")
+        }
+        feedback = self.feedback_func(
+            prompts=prompts,
+            completions=completions,
+            completion_ids=completion_ids,
+            **columns,
+            trainer_state=self.state,
+            log_extra=self._log_completion_extra,
+            log_metric=self._log_metric,
+        )
         name = getattr(self.feedback_func, "__name__", type(self.feedback_func).__name__)
         if not isinstance(feedback, list | tuple) or len(feedback) != len(prompts):
             got = len(feedback) if isinstance(feedback, list | tuple) else type(feedback).__name__
@@ -260,7 +321,11 @@ class ERLTrainer(GRPOTrainer):
         return list(feedback)
 
     def _memory_text(self, prompt_text: str) -> str:
-        lessons = self.memory.retrieve(prompt_text, self.args.memory_top_k) if self.args.enable_memory else []
+        lessons = (
+            self.memory.retrieve(prompt_text, self.args.memory_top_k)
+            if self.args.enable_memory
+            else []
+        )
         return "\n".join(f"- {lesson}" for lesson in lessons) if lessons else "(none yet)"
 
     def _remember(self, successes: list[tuple[str, str]]) -> None:
@@ -275,30 +340,49 @@ class ERLTrainer(GRPOTrainer):
     def _log_experience(self, r2, valid, success, num_internalized, new_rows: _NewRows) -> None:
         metrics = self._metrics["train"]
         mask = torch.tensor(valid, device=r2.device) & ~torch.isnan(r2)
-        stats = torch.tensor([r2[mask].sum().item(), mask.sum().item(),
-                              float(sum(success)), float(num_internalized)], device=r2.device)
-        total_r2, total_gated, total_success, total_internalized = (
-            self.accelerator.reduce(stats, reduction="sum").tolist())
+        stats = torch.tensor(
+            [
+                r2[mask].sum().item(),
+                mask.sum().item(),
+                float(sum(success)),
+                float(num_internalized),
+            ],
+            device=r2.device,
+        )
+        total_r2, total_gated, total_success, total_internalized = self.accelerator.reduce(
+            stats, reduction="sum"
+        ).tolist()
         metrics["erl/r2_mean"].append(total_r2 / max(total_gated, 1.0))
         metrics["erl/retry_success_rate"].append(total_success / max(total_gated, 1.0))
         metrics["erl/internalization_rows"].append(total_internalized)
         # A metric-only forward; single-process only, since a forward on some ranks and not
         # others would hang sharded (FSDP/ZeRO-3) training.
         single = self.accelerator.num_processes == 1
-        loss = self._internalization_loss(new_rows, num_internalized) if num_internalized and single else None
+        loss = (
+            self._internalization_loss(new_rows, num_internalized)
+            if num_internalized and single
+            else None
+        )
         if loss is not None:
             metrics["erl/internalization_loss"].append(loss)
 
     @torch.no_grad()
     def _internalization_loss(self, rows: _NewRows, count: int) -> float | None:
         """Mean token cross-entropy of (original prompt -> y2), times the coefficient (a metric)."""
-        batch = _pad_rows(rows.prompt_ids[-count:], rows.completion_ids[-count:], [True] * count,
-                          self._tokenizer.pad_token_id, self.accelerator.device)
+        batch = _pad_rows(
+            rows.prompt_ids[-count:],
+            rows.completion_ids[-count:],
+            [True] * count,
+            self._tokenizer.pad_token_id,
+            self.accelerator.device,
+        )
         logps = self._logps(self.model, batch)
         mask = batch["completion_mask"]
         if logps is None or logps.shape != mask.shape:
             return None  # Unsloth's GPU scorer returns a packed layout; the metric is skipped there
-        return (-(logps * mask).sum() / mask.sum().clamp(min=1)).item() * self.args.internalization_coef
+        return (
+            -(logps * mask).sum() / mask.sum().clamp(min=1)
+        ).item() * self.args.internalization_coef
 
     # Generation ------------------------------------------------------------------------
 
@@ -333,7 +417,9 @@ class ERLTrainer(GRPOTrainer):
     @staticmethod
     def _as_prompt(original, text: str):
         """A prompt in the dataset's format: one user message, or plain text."""
-        return [{"role": "user", "content": text}] if is_conversational({"prompt": original}) else text
+        return (
+            [{"role": "user", "content": text}] if is_conversational({"prompt": original}) else text
+        )
 
     def _retry_prompt(self, original, reflection: str):
         """The original prompt with its last turn rewritten by the retry template: a
@@ -342,7 +428,10 @@ class ERLTrainer(GRPOTrainer):
         if not is_conversational({"prompt": original}):
             return template.format(prompt=original, reflection=reflection)
         *context, last = original
-        return [*context, {**last, "content": template.format(prompt=last["content"], reflection=reflection)}]
+        return [
+            *context,
+            {**last, "content": template.format(prompt=last["content"], reflection=reflection)},
+        ]
 
     # Merging rows into GRPO's batch ----------------------------------------------------
 
@@ -352,8 +441,10 @@ class ERLTrainer(GRPOTrainer):
         when it splits the batch) and recount `num_items_in_batch`."""
         unknown = sorted(set(output) - _ROW_KEYS - _SCALAR_KEYS)
         if unknown:
-            raise NotImplementedError(f"ERLTrainer cannot add rows to a batch with {unknown} "
-                                      "(multimodal or tool batches are not supported)")
+            raise NotImplementedError(
+                f"ERLTrainer cannot add rows to a batch with {unknown} "
+                "(multimodal or tool batches are not supported)"
+            )
         device = output["prompt_ids"].device
         # Pad the new rows so that every process adds the same number, a multiple of the split.
         counts = self.accelerator.gather(torch.tensor([len(rows.valid)], device=device))
@@ -361,18 +452,31 @@ class ERLTrainer(GRPOTrainer):
         total = output["prompt_ids"].size(0) + target
         target += -total % self.args.steps_per_generation
         filler = target - len(rows.valid)
-        rows.extend(_NewRows([rows.prompt_ids[0]] * filler, [rows.completion_ids[0]] * filler,
-                             [0.0] * filler, [False] * filler))
-        new = _pad_rows(rows.prompt_ids, rows.completion_ids, rows.valid,
-                        self._tokenizer.pad_token_id, device)
-        new["advantages"] = torch.tensor(rows.advantages, device=device, dtype=output["advantages"].dtype)
+        rows.extend(
+            _NewRows(
+                [rows.prompt_ids[0]] * filler,
+                [rows.completion_ids[0]] * filler,
+                [0.0] * filler,
+                [False] * filler,
+            )
+        )
+        new = _pad_rows(
+            rows.prompt_ids, rows.completion_ids, rows.valid, self._tokenizer.pad_token_id, device
+        )
+        new["advantages"] = torch.tensor(
+            rows.advantages, device=device, dtype=output["advantages"].dtype
+        )
 
         pad_id = self._tokenizer.pad_token_id
         merged = {
             "prompt_ids": _cat_padded(output["prompt_ids"], new["prompt_ids"], pad_id, "left"),
             "prompt_mask": _cat_padded(output["prompt_mask"], new["prompt_mask"], 0, "left"),
-            "completion_ids": _cat_padded(output["completion_ids"], new["completion_ids"], pad_id, "right"),
-            "completion_mask": _cat_padded(output["completion_mask"], new["completion_mask"], 0, "right"),
+            "completion_ids": _cat_padded(
+                output["completion_ids"], new["completion_ids"], pad_id, "right"
+            ),
+            "completion_mask": _cat_padded(
+                output["completion_mask"], new["completion_mask"], 0, "right"
+            ),
             "advantages": torch.cat([output["advantages"], new["advantages"]]),
         }
         # Optional tensors exist only in some configurations (vLLM, beta > 0, generation
@@ -382,8 +486,16 @@ class ERLTrainer(GRPOTrainer):
         # see one consistent batch. New rows are sampled by the current policy, so their
         # sampling log-probs are the current ones and no vLLM correction applies (ratio 1).
         rows_before = output["prompt_ids"].size(0)
-        has = {k for k in ("old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps",
-                           "importance_sampling_ratio") if output.get(k) is not None}
+        has = {
+            k
+            for k in (
+                "old_per_token_logps",
+                "ref_per_token_logps",
+                "sampling_per_token_logps",
+                "importance_sampling_ratio",
+            )
+            if output.get(k) is not None
+        }
         if has & {"old_per_token_logps", "sampling_per_token_logps"}:
             current = self._logps(self.model, merged)
             if "old_per_token_logps" in has:
@@ -391,19 +503,25 @@ class ERLTrainer(GRPOTrainer):
             if "sampling_per_token_logps" in has:
                 sampling = output["sampling_per_token_logps"]
                 merged["sampling_per_token_logps"] = _cat_padded(
-                    sampling, current[rows_before:].to(sampling.dtype), 0.0, "right")
+                    sampling, current[rows_before:].to(sampling.dtype), 0.0, "right"
+                )
         if "ref_per_token_logps" in has:
             merged["ref_per_token_logps"] = self._ref_logps(merged)
         if "importance_sampling_ratio" in has:
             ratio = output["importance_sampling_ratio"]  # (B, T) per token or (B, 1) per sequence
             width = 1 if ratio.size(1) == 1 else new["completion_ids"].size(1)
-            ones = torch.ones(new["completion_ids"].size(0), width, device=device, dtype=ratio.dtype)
+            ones = torch.ones(
+                new["completion_ids"].size(0), width, device=device, dtype=ratio.dtype
+            )
             merged["importance_sampling_ratio"] = _cat_padded(ratio, ones, 1.0, "right")
         if "max_left_pad" in output:  # Unsloth: the widest left padding of the batch, per row
             left_pad = int((merged["prompt_mask"] == 0).sum(dim=1).max().item())
-            merged["max_left_pad"] = torch.full((merged["prompt_ids"].size(0), 1), left_pad,
-                                                dtype=output["max_left_pad"].dtype)
-        merged["num_items_in_batch"] = self.accelerator.gather(merged["completion_mask"].sum()).sum()
+            merged["max_left_pad"] = torch.full(
+                (merged["prompt_ids"].size(0), 1), left_pad, dtype=output["max_left_pad"].dtype
+            )
+        merged["num_items_in_batch"] = self.accelerator.gather(
+            merged["completion_mask"].sum()
+        ).sum()
         return merged
 
     @torch.no_grad()
@@ -411,8 +529,12 @@ class ERLTrainer(GRPOTrainer):
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         logps, _, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, batch["completion_ids"].size(1),
-            batch_size=self.args.per_device_train_batch_size)
+            model,
+            input_ids,
+            attention_mask,
+            batch["completion_ids"].size(1),
+            batch_size=self.args.per_device_train_batch_size,
+        )
         return logps
 
     def _ref_logps(self, batch: dict) -> torch.Tensor:
@@ -429,7 +551,7 @@ class ERLTrainer(GRPOTrainer):
         """This process's rows of a tensor gathered over processes."""
         n = gathered.size(0) // self.accelerator.num_processes
         start = self.accelerator.process_index * n
-        return gathered[start:start + n]
+        return gathered[start : start + n]
 
     def _weighted_reward(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
         """GRPO's scalar reward: the weighted nansum over functions (NaN where all are NaN)."""
@@ -439,8 +561,9 @@ class ERLTrainer(GRPOTrainer):
         return rewards
 
 
-def _retry_advantages(groups: list[str], r1: torch.Tensor, r2: torch.Tensor, valid: list[bool],
-                      scale: bool) -> list[float]:
+def _retry_advantages(
+    groups: list[str], r1: torch.Tensor, r2: torch.Tensor, valid: list[bool], scale: bool
+) -> list[float]:
     """Advantage of each retry: r2 normalised within the retries of the same prompt; a
     retry alone in its group gets r2 - r1."""
     members: dict[str, list[int]] = defaultdict(list)
@@ -466,11 +589,15 @@ def _pad_rows(prompt_ids, completion_ids, valid, pad_id, device) -> dict:
     """Left-padded prompts and right-padded completions; invalid rows are fully masked."""
     prompts = [torch.tensor(p, dtype=torch.long) for p in prompt_ids]
     completions = [torch.tensor(c if c else [pad_id], dtype=torch.long) for c in completion_ids]
-    completion_mask = [torch.full_like(c, int(ok and len(raw) > 0))
-                       for c, raw, ok in zip(completions, completion_ids, valid)]
+    completion_mask = [
+        torch.full_like(c, int(ok and len(raw) > 0))
+        for c, raw, ok in zip(completions, completion_ids, valid)
+    ]
     return {
         "prompt_ids": pad(prompts, padding_value=pad_id, padding_side="left").to(device),
-        "prompt_mask": pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left").to(device),
+        "prompt_mask": pad(
+            [torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left"
+        ).to(device),
         "completion_ids": pad(completions, padding_value=pad_id, padding_side="right").to(device),
         "completion_mask": pad(completion_mask, padding_value=0, padding_side="right").to(device),
     }
@@ -499,4 +626,6 @@ def _prompt_text(prompt) -> str:
 
 def _as_completion(prompt, text: str):
     """A completion in the format the reward functions get for this dataset."""
-    return [{"role": "assistant", "content": text}] if is_conversational({"prompt": prompt}) else text
+    return (
+        [{"role": "assistant", "content": text}] if is_conversational({"prompt": prompt}) else text
+    )

@@ -74,8 +74,11 @@ class ReflectionMemory:
     # Persistence -------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"max_size": self.max_size, "added": self._added,
-                "entries": [asdict(e) for e in self._entries]}
+        return {
+            "max_size": self.max_size,
+            "added": self._added,
+            "entries": [asdict(e) for e in self._entries],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self._entries = deque((MemoryEntry(**e) for e in state["entries"]), maxlen=self.max_size)

@@ -25,11 +25,19 @@ class ModelConfig:
     )
     backend: str = field(
         default="auto",
-        metadata={"help": "auto | unsloth | transformers. auto takes Unsloth when a CUDA GPU is present."},
+        metadata={
+            "help": "auto | unsloth | transformers. auto takes Unsloth when a CUDA GPU is present."
+        },
     )
-    load_in_4bit: bool = field(default=False, metadata={"help": "Load the base model in 4-bit (GPU only)."})
-    max_seq_length: int = field(default=1024, metadata={"help": "Longest prompt + completion in tokens."})
-    use_lora: bool = field(default=True, metadata={"help": "Train a LoRA adapter (off: full fine-tuning)."})
+    load_in_4bit: bool = field(
+        default=False, metadata={"help": "Load the base model in 4-bit (GPU only)."}
+    )
+    max_seq_length: int = field(
+        default=1024, metadata={"help": "Longest prompt + completion in tokens."}
+    )
+    use_lora: bool = field(
+        default=True, metadata={"help": "Train a LoRA adapter (off: full fine-tuning)."}
+    )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
@@ -38,10 +46,12 @@ class ModelConfig:
         metadata={"help": "Modules that get LoRA adapters."},
     )
     fast_inference: bool = field(
-        default=False, metadata={"help": "Unsloth + vLLM fast generation (GPU with vLLM installed)."}
+        default=False,
+        metadata={"help": "Unsloth + vLLM fast generation (GPU with vLLM installed)."},
     )
     gpu_memory_utilization: float = field(
-        default=0.6, metadata={"help": "Share of GPU memory vLLM may take when fast_inference is on."}
+        default=0.6,
+        metadata={"help": "Share of GPU memory vLLM may take when fast_inference is on."},
     )
 
     def validate(self) -> None:
@@ -56,7 +66,9 @@ class ModelConfig:
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
 
 
 def load_policy(config: ModelConfig, *, seed: int = 42, trust_remote_code: bool = False):
@@ -119,7 +131,9 @@ def _load_with_transformers(config: ModelConfig, seed: int, trust_remote_code: b
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=kwargs["dtype"]
             )
     model = AutoModelForCausalLM.from_pretrained(config.model_name_or_path, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(
+        config.model_name_or_path, trust_remote_code=trust_remote_code
+    )
     if config.use_lora:
         from peft import LoraConfig, get_peft_model
 
@@ -128,7 +142,14 @@ def _load_with_transformers(config: ModelConfig, seed: int, trust_remote_code: b
 
             model = prepare_model_for_kbit_training(model)
         torch.manual_seed(seed)
-        model = get_peft_model(model, LoraConfig(
-            r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-            target_modules=config.lora_target_modules, task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=config.lora_r,
+                lora_alpha=config.lora_alpha,
+                lora_dropout=config.lora_dropout,
+                target_modules=config.lora_target_modules,
+                task_type="CAUSAL_LM",
+            ),
+        )
     return model, tokenizer

@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if run.save_gguf and not unsloth_patches_trainers():
         raise SystemExit("error: --save_gguf needs the unsloth backend on a CUDA GPU")
     if run.save_merged and not model_config.use_lora:
-        raise SystemExit("error: --save_merged needs use_lora: a fully fine-tuned final/ is already merged")
+        raise SystemExit(
+            "error: --save_merged needs use_lora: a fully fine-tuned final/ is already merged"
+        )
 
     from curriculum.controller import CurriculumController
     from curriculum.state import STATE_FILENAME, CurriculumState
@@ -52,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     from rewards import Scorer, build_feedback_func, build_reward_funcs
 
     if args.world_size > 1:
-        raise SystemExit("error: python -m pipeline.run trains on one process (one GPU); "
-                         "use ERLTrainer directly under accelerate for several")
+        raise SystemExit(
+            "error: python -m pipeline.run trains on one process (one GPU); "
+            "use ERLTrainer directly under accelerate for several"
+        )
     output_dir = Path(args.output_dir)
     check_output_dir(output_dir, run.resume)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -67,14 +71,24 @@ def main(argv: list[str] | None = None) -> int:
         controller.load_state_dict(state.controller)
     scorer = Scorer(task)
     reward_funcs, args.reward_weights = build_reward_funcs(
-        task, run.reward_signals, fallback=run.fallback_reward, length_budget=run.length_budget,
-        log_dir=str(output_dir), log_every=run.log_generations_every, scorer=scorer)
-    feedback_func = build_feedback_func(task, run.reward_signals, length_budget=run.length_budget, scorer=scorer)
+        task,
+        run.reward_signals,
+        fallback=run.fallback_reward,
+        length_budget=run.length_budget,
+        log_dir=str(output_dir),
+        log_every=run.log_generations_every,
+        scorer=scorer,
+    )
+    feedback_func = build_feedback_func(
+        task, run.reward_signals, length_budget=run.length_budget, scorer=scorer
+    )
 
     # ---- The model: loaded once, it stays loaded across stages.
     if run.build_tiny_model:
         build_tiny_model(model_config.model_name_or_path)
-    model, tokenizer = load_policy(model_config, seed=args.seed, trust_remote_code=args.trust_remote_code)
+    model, tokenizer = load_policy(
+        model_config, seed=args.seed, trust_remote_code=args.trust_remote_code
+    )
     memory = ReflectionMemory(args.memory_size if args.enable_memory else 0)
     restored = _restore_latest(model, memory, output_dir, state)
     if restored:
@@ -85,20 +99,40 @@ def main(argv: list[str] | None = None) -> int:
     if run.warmup_sft_steps and restored is None:
         from pipeline.warmup import sft_warmup
 
-        logger.info(f"SFT warm-up: {run.warmup_sft_steps} steps on {task.name} level {controller.level} references")
-        sft_warmup(model, tokenizer, task, controller.level, steps=run.warmup_sft_steps,
-                   examples=run.warmup_sft_examples, batch_size=run.warmup_sft_batch_size,
-                   learning_rate=run.warmup_sft_learning_rate, args=args,
-                   output_dir=str(output_dir / ".warmup_trainer"))
+        logger.info(
+            f"SFT warm-up: {run.warmup_sft_steps} steps on {task.name} level {controller.level} references"
+        )
+        sft_warmup(
+            model,
+            tokenizer,
+            task,
+            controller.level,
+            steps=run.warmup_sft_steps,
+            examples=run.warmup_sft_examples,
+            batch_size=run.warmup_sft_batch_size,
+            learning_rate=run.warmup_sft_learning_rate,
+            args=args,
+            output_dir=str(output_dir / ".warmup_trainer"),
+        )
         save_policy(model, tokenizer, memory, warmup_dir, atomic=True)
 
     # ---- The stages: train until promoted or out of steps, evaluate, save, plot.
     from pipeline.stages import run_stage
 
     while not controller.finished:
-        run_stage(model=model, tokenizer=tokenizer, memory=memory, task=task, controller=controller,
-                  state=state, run=run, args=args, reward_funcs=reward_funcs,
-                  feedback_func=feedback_func, output_dir=output_dir)
+        run_stage(
+            model=model,
+            tokenizer=tokenizer,
+            memory=memory,
+            task=task,
+            controller=controller,
+            state=state,
+            run=run,
+            args=args,
+            reward_funcs=reward_funcs,
+            feedback_func=feedback_func,
+            output_dir=output_dir,
+        )
 
     # ---- The final model, and optional merged / GGUF exports.
     final_dir = save_policy(model, tokenizer, memory, output_dir / "final", atomic=True)
@@ -107,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
 
     plot_run(output_dir, stages=[])
     promoted = sum(1 for s in state.stages if s.status == "promoted")
-    logger.info(f"done: {len(state.stages)} stages, {promoted} promoted; final model in {final_dir}")
+    logger.info(
+        f"done: {len(state.stages)} stages, {promoted} promoted; final model in {final_dir}"
+    )
     return 0
 
 
@@ -141,7 +177,9 @@ def _export(model, tokenizer, run, output_dir: Path) -> None:
             tokenizer.save_pretrained(target)
         logger.info(f"merged model saved to {target}")
     if run.save_gguf:
-        model.save_pretrained_gguf(str(output_dir / "final_gguf"), tokenizer, quantization_method=run.save_gguf)
+        model.save_pretrained_gguf(
+            str(output_dir / "final_gguf"), tokenizer, quantization_method=run.save_gguf
+        )
         logger.info(f"GGUF ({run.save_gguf}) saved to {output_dir / 'final_gguf'}")
 
 

@@ -29,54 +29,80 @@ DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 class RunConfig:
     """What to train on, how it is rewarded, the warm-up, and what the run writes."""
 
-    task: str = field(default="arithmetic", metadata={"help": "Task family (see curriculum.tasks.list_tasks())."})
+    task: str = field(
+        default="arithmetic", metadata={"help": "Task family (see curriculum.tasks.list_tasks())."}
+    )
     task_config: str = field(  # a mapping from YAML, a JSON string from the command line
         default_factory=dict,
-        metadata={"help": 'Task options: a YAML mapping, or JSON on the command line, e.g. \'{"dataset": "chain_sum"}\'.'},
+        metadata={
+            "help": 'Task options: a YAML mapping, or JSON on the command line, e.g. \'{"dataset": "chain_sum"}\'.'
+        },
     )
     reward_signals: str = field(  # a mapping from YAML, a JSON string from the command line
         default_factory=lambda: {"correctness": 1.0},
-        metadata={"help": "Reward signal -> weight (they become reward_funcs and reward_weights); "
-                  "a YAML mapping or JSON, e.g. '{\"correctness\": 0.7, \"milestones\": 0.3}'."},
+        metadata={
+            "help": "Reward signal -> weight (they become reward_funcs and reward_weights); "
+            'a YAML mapping or JSON, e.g. \'{"correctness": 0.7, "milestones": 0.3}\'.'
+        },
     )
     fallback_reward: float = field(
         default=-0.5, metadata={"help": "Reward of a completion that cannot be parsed or scored."}
     )
     length_budget: int = field(
-        default=2000, metadata={"help": "Characters a completion may use before the length signal penalises it."}
+        default=2000,
+        metadata={"help": "Characters a completion may use before the length signal penalises it."},
     )
-    prompts_per_stage: int = field(default=100, metadata={"help": "Training prompts generated per stage."})
+    prompts_per_stage: int = field(
+        default=100, metadata={"help": "Training prompts generated per stage."}
+    )
     eval_prompts: int = field(
-        default=32, metadata={"help": "Held-out prompts per stage for the first-attempt evaluation (0: skip)."}
+        default=32,
+        metadata={"help": "Held-out prompts per stage for the first-attempt evaluation (0: skip)."},
     )
     warmup_sft_steps: int = field(
-        default=0, metadata={"help": "SFT steps on reference solutions before the first stage (0: none)."}
+        default=0,
+        metadata={"help": "SFT steps on reference solutions before the first stage (0: none)."},
     )
-    warmup_sft_examples: int = field(default=2000, metadata={"help": "Reference solutions for the warm-up."})
+    warmup_sft_examples: int = field(
+        default=2000, metadata={"help": "Reference solutions for the warm-up."}
+    )
     warmup_sft_batch_size: int = field(default=32, metadata={"help": "Warm-up batch size."})
-    warmup_sft_learning_rate: float = field(default=3e-3, metadata={"help": "Warm-up learning rate."})
+    warmup_sft_learning_rate: float = field(
+        default=3e-3, metadata={"help": "Warm-up learning rate."}
+    )
     build_tiny_model: bool = field(
         default=False,
         metadata={"help": "Build the offline tiny model into model_name_or_path on first use."},
     )
     resume: bool = field(
-        default=False, metadata={"help": "Continue the run in output_dir from its curriculum_state.json."}
+        default=False,
+        metadata={"help": "Continue the run in output_dir from its curriculum_state.json."},
     )
     save_merged: bool = field(
-        default=False, metadata={"help": "Also save final/ merged into a full 16-bit model (final_merged/)."}
+        default=False,
+        metadata={"help": "Also save final/ merged into a full 16-bit model (final_merged/)."},
     )
     save_gguf: str | None = field(
-        default=None, metadata={"help": "Also export final/ as GGUF with this quantization, e.g. q4_k_m (Unsloth, GPU)."}
+        default=None,
+        metadata={
+            "help": "Also export final/ as GGUF with this quantization, e.g. q4_k_m (Unsloth, GPU)."
+        },
     )
     log_generations_every: int = field(
-        default=20, metadata={"help": "Append sampled generations to generations.jsonl every N reward calls."}
+        default=20,
+        metadata={"help": "Append sampled generations to generations.jsonl every N reward calls."},
     )
 
     def validate(self) -> None:
         """Parse mapping options given as JSON and reject bad values, naming them."""
         self.task_config = _mapping("task_config", self.task_config)
         self.reward_signals = _mapping("reward_signals", self.reward_signals)
-        for name in ("prompts_per_stage", "length_budget", "warmup_sft_batch_size", "log_generations_every"):
+        for name in (
+            "prompts_per_stage",
+            "length_budget",
+            "warmup_sft_batch_size",
+            "log_generations_every",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_prompts", "warmup_sft_steps", "warmup_sft_examples"):
@@ -126,19 +152,28 @@ def parse_run_config(argv: list[str]):
         argv = ["--config", str(DEFAULT_RECIPE), *argv]
     parser = TrlParser((RunConfig, ModelConfig, CurriculumConfig, ERLConfig))
     *configs, from_recipe, from_command_line = parser.parse_args_and_config(
-        argv, return_remaining_strings=True, separate_remaining_strings=True)
-    unknown = [s[2:] for s in from_recipe[::2]] + [s for s in from_command_line if s.startswith("-")]
+        argv, return_remaining_strings=True, separate_remaining_strings=True
+    )
+    unknown = [s[2:] for s in from_recipe[::2]] + [
+        s for s in from_command_line if s.startswith("-")
+    ]
     if unknown or from_command_line:
-        raise SystemExit(f"error: unknown option(s): {', '.join(unknown or from_command_line)} "
-                         "(see python -m pipeline.run --help)")
+        raise SystemExit(
+            f"error: unknown option(s): {', '.join(unknown or from_command_line)} "
+            "(see python -m pipeline.run --help)"
+        )
     run, model, curriculum, args = configs
     run.validate()
     model.validate()
     curriculum.validate()
     if args.max_steps not in (-1, None):
-        raise ValueError("max_steps is set per stage by the curriculum: use max_stage_steps instead")
+        raise ValueError(
+            "max_steps is set per stage by the curriculum: use max_stage_steps instead"
+        )
     if args.save_total_limit == 1:
         # The newest checkpoint is marked complete only after the trainer deleted the one
         # before it: with one kept, a kill in between would leave nothing to resume from.
-        raise ValueError("save_total_limit must be >= 2 (or unset) so that a stage can always resume")
+        raise ValueError(
+            "save_total_limit must be >= 2 (or unset) so that a stage can always resume"
+        )
     return run, model, curriculum, args

@@ -51,21 +51,27 @@ class CurriculumCallback(TrainerCallback):
     says so, appends logs to the stage's metrics.jsonl (with the run-global step) and
     stores the controller state inside every trainer checkpoint."""
 
-    def __init__(self, trainer, controller: CurriculumController, stage_dir: Path, step_offset: int) -> None:
+    def __init__(
+        self, trainer, controller: CurriculumController, stage_dir: Path, step_offset: int
+    ) -> None:
         self.trainer = trainer
         self.controller = controller
         self.metrics_path = stage_dir / METRICS_FILE
         self.step_offset = step_offset
         # r2 of the steps logged before a resume count too (truncate_metrics ran first).
         self.r2_values: list[float] = [
-            record["erl/r2_mean"] for record in read_metrics(self.metrics_path)
+            record["erl/r2_mean"]
+            for record in read_metrics(self.metrics_path)
             if "erl/r2_mean" in record and record.get("erl/gated_fraction", 0) > 0
         ]
 
     def on_step_end(self, args, state, control, **kwargs):
         attempts = self.trainer.pop_first_attempts()
-        self.controller.record_step(state.global_step, [r for r, _ in attempts],
-                                    levels=[row["level"] for _, row in attempts])
+        self.controller.record_step(
+            state.global_step,
+            [r for r, _ in attempts],
+            levels=[row["level"] for _, row in attempts],
+        )
         if self.controller.should_stop_stage():
             control.should_training_stop = True
             control.should_save = False  # the stage folder is saved next; no checkpoint needed
@@ -79,8 +85,12 @@ class CurriculumCallback(TrainerCallback):
             return
         if "erl/r2_mean" in logs and logs.get("erl/gated_fraction", 0) > 0:
             self.r2_values.append(logs["erl/r2_mean"])
-        record = {"step": self.step_offset + state.global_step, "stage_step": state.global_step,
-                  "level": self.controller.level, **logs}
+        record = {
+            "step": self.step_offset + state.global_step,
+            "stage_step": state.global_step,
+            "level": self.controller.level,
+            **logs,
+        }
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record, default=str) + "\n")
 
@@ -100,14 +110,28 @@ def truncate_metrics(stage_dir: Path, last_stage_step: int) -> None:
     path = stage_dir / METRICS_FILE
     if not path.exists():
         return
-    kept = [record for record in read_metrics(path) if record.get("stage_step", 0) <= last_stage_step]
+    kept = [
+        record for record in read_metrics(path) if record.get("stage_step", 0) <= last_stage_step
+    ]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(record, default=str) + "\n" for record in kept))
     tmp.replace(path)
 
 
-def run_stage(*, model, tokenizer, memory, task, controller, state, run, args, reward_funcs,
-              feedback_func, output_dir: Path) -> None:
+def run_stage(
+    *,
+    model,
+    tokenizer,
+    memory,
+    task,
+    controller,
+    state,
+    run,
+    args,
+    reward_funcs,
+    feedback_func,
+    output_dir: Path,
+) -> None:
     """Train the controller's running stage to its end, evaluate, save, record and plot."""
     from pipeline.checkpoints import latest_trainer_checkpoint, read_controller_state, save_policy
     from pipeline.erl_trainer import ERLTrainer
@@ -127,7 +151,9 @@ def run_stage(*, model, tokenizer, memory, task, controller, state, run, args, r
     trainer = ERLTrainer(
         model=model,
         args=stage_args(args, stage_dir / "checkpoints", controller.config.max_stage_steps),
-        train_dataset=stage_dataset(task, controller, run.prompts_per_stage, stage_seed(args.seed, stage)),
+        train_dataset=stage_dataset(
+            task, controller, run.prompts_per_stage, stage_seed(args.seed, stage)
+        ),
         reward_funcs=reward_funcs,
         feedback_func=feedback_func,
         processing_class=tokenizer,
@@ -142,14 +168,29 @@ def run_stage(*, model, tokenizer, memory, task, controller, state, run, args, r
     evaluation = None
     if run.eval_prompts:
         evaluation = evaluate_first_attempts(
-            model, tokenizer, task, level, run.eval_prompts, max_new_tokens=args.max_completion_length,
-            weights=run.reward_signals, progress=not args.disable_tqdm)
+            model,
+            tokenizer,
+            task,
+            level,
+            run.eval_prompts,
+            max_new_tokens=args.max_completion_length,
+            weights=run.reward_signals,
+            progress=not args.disable_tqdm,
+        )
     save_policy(model, tokenizer, memory, stage_dir)
     state.finish_stage(
-        stage, decision.status, steps=steps, r1_mean=decision.r1_mean, controller=controller.state_dict(),
-        run_finished=decision.finished, eval_reward=evaluation.mean_reward if evaluation else None,
-        checkpoint=stage_dir.name, r2_mean=callback.r2_mean(), action=decision.action,
-        next_level=decision.next_level)
+        stage,
+        decision.status,
+        steps=steps,
+        r1_mean=decision.r1_mean,
+        controller=controller.state_dict(),
+        run_finished=decision.finished,
+        eval_reward=evaluation.mean_reward if evaluation else None,
+        checkpoint=stage_dir.name,
+        r2_mean=callback.r2_mean(),
+        action=decision.action,
+        next_level=decision.next_level,
+    )
     shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)  # a finished stage never resumes
     plot_run(output_dir, stages=[stage])
     logger.info(_summary(stage, level, steps, decision, callback.r2_mean(), evaluation))
@@ -160,5 +201,7 @@ def _summary(stage, level, steps, decision, r2, evaluation) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
     outcome = "promoted" if decision.promoted else f"plateau ({decision.action})"
-    return (f"[stage {stage}] level {level} | {steps} steps | r1 {fmt(decision.r1_mean)} | r2 {fmt(r2)} | "
-            f"eval {fmt(evaluation.mean_reward if evaluation else None)} | {outcome}")
+    return (
+        f"[stage {stage}] level {level} | {steps} steps | r1 {fmt(decision.r1_mean)} | r2 {fmt(r2)} | "
+        f"eval {fmt(evaluation.mean_reward if evaluation else None)} | {outcome}"
+    )

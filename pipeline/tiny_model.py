@@ -57,7 +57,9 @@ def _default_corpus() -> list[str]:
     for level in task.levels:
         for row in task.generate(level, 300, seed=1000 * level):
             turns = row["prompt"] + [{"role": "assistant", "content": task.reference(row)}]
-            texts.append("".join(f"<|im_start|>{t['role']}\n{t['content']}<|im_end|>\n" for t in turns))
+            texts.append(
+                "".join(f"<|im_start|>{t['role']}\n{t['content']}<|im_end|>\n" for t in turns)
+            )
     return texts
 
 
@@ -117,7 +119,10 @@ def build_tiny_model(
             "replace it (choose an empty folder for build_tiny_model)"
         )
 
-    tokenizer = build_tokenizer(corpus if corpus is not None else _default_corpus(), size.get("vocab_size", DEFAULT_SIZE["vocab_size"]))
+    tokenizer = build_tokenizer(
+        corpus if corpus is not None else _default_corpus(),
+        size.get("vocab_size", DEFAULT_SIZE["vocab_size"]),
+    )
     config = LlamaConfig(
         **{k: v for k, v in settings.items() if k in DEFAULT_SIZE and k != "vocab_size"},
         vocab_size=len(tokenizer),

@@ -18,14 +18,30 @@ from curriculum.tasks import Task
 def reference_dataset(task: Task, level: int, n: int, seed: int) -> Dataset:
     """`n` prompt -> reference-solution rows at `level`."""
     rows = task.generate(level, n, seed=seed)
-    return Dataset.from_list([
-        {"prompt": row["prompt"], "completion": [{"role": "assistant", "content": task.reference(row)}]}
-        for row in rows
-    ])
+    return Dataset.from_list(
+        [
+            {
+                "prompt": row["prompt"],
+                "completion": [{"role": "assistant", "content": task.reference(row)}],
+            }
+            for row in rows
+        ]
+    )
 
 
-def sft_warmup(model, tokenizer, task: Task, level: int, *, steps: int, examples: int,
-               batch_size: int, learning_rate: float, args, output_dir: str) -> list[dict]:
+def sft_warmup(
+    model,
+    tokenizer,
+    task: Task,
+    level: int,
+    *,
+    steps: int,
+    examples: int,
+    batch_size: int,
+    learning_rate: float,
+    args,
+    output_dir: str,
+) -> list[dict]:
     """Train `model` in place for `steps` SFT steps; returns the trainer's log history.
 
     `args` (the run's ERLConfig) lends the device and precision settings and `report_to`.
@@ -47,7 +63,11 @@ def sft_warmup(model, tokenizer, task: Task, level: int, *, steps: int, examples
         completion_only_loss=True,
         disable_tqdm=args.disable_tqdm,
     )
-    dataset = reference_dataset(task, level, examples, seed=900_000 + args.seed)  # below the held-out seeds (10**6)
-    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+    dataset = reference_dataset(
+        task, level, examples, seed=900_000 + args.seed
+    )  # below the held-out seeds (10**6)
+    trainer = SFTTrainer(
+        model=model, args=config, train_dataset=dataset, processing_class=tokenizer
+    )
     trainer.train()
     return trainer.state.log_history

@@ -19,7 +19,10 @@ def test_auto_takes_transformers_without_a_gpu_and_bad_names_are_listed():
     if not torch.cuda.is_available():
         assert resolve_backend("auto") == "transformers"
     assert resolve_backend("unsloth") == "unsloth"
-    with pytest.raises(ValueError, match=r"unknown backend 'vllm'; valid backends: \['auto', 'unsloth', 'transformers'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown backend 'vllm'; valid backends: \['auto', 'unsloth', 'transformers'\]",
+    ):
         resolve_backend("vllm")
 
 
@@ -51,8 +54,15 @@ def test_cpu_logprob_fallback_matches_log_softmax():
     weight = torch.randn(50, 16, requires_grad=True)
     targets = torch.randint(0, 50, (7,))
     log_probs, entropy, _, _, is_top1 = torch_logprobs(
-        hidden, weight, None, targets, temperature=0.7, softcap=30.0, logit_scale=0.5,
-        outputs=("entropy", "is_top1"))
+        hidden,
+        weight,
+        None,
+        targets,
+        temperature=0.7,
+        softcap=30.0,
+        logit_scale=0.5,
+        outputs=("entropy", "is_top1"),
+    )
     logits = 30.0 * torch.tanh((hidden @ weight.T) * 0.5 / 30.0) / 0.7
     reference = logits.log_softmax(-1)
     torch.testing.assert_close(log_probs, reference.gather(-1, targets[:, None]).squeeze(-1))
@@ -76,8 +86,11 @@ def test_load_policy_transformers_gives_a_lora_model(tiny_model_dir):
 
     from pipeline.model_loading import ModelConfig, load_policy
 
-    model, tokenizer = load_policy(ModelConfig(model_name_or_path=tiny_model_dir, backend=activate_backend(),
-                                               lora_r=4, lora_alpha=8))
+    model, tokenizer = load_policy(
+        ModelConfig(
+            model_name_or_path=tiny_model_dir, backend=activate_backend(), lora_r=4, lora_alpha=8
+        )
+    )
     assert isinstance(model, PeftModel)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora" in n for n in trainable)
@@ -124,11 +137,16 @@ def test_unsloth_backend_trains_erl_on_cpu(tiny_model_dir, tmp_path):
     """Forced Unsloth on CPU: Unsloth's CPU loader + get_peft_model, then two ERL steps.
     A fresh process, because `import unsloth` must come before trl."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    done = subprocess.run([sys.executable, "-c", UNSLOTH_SCRIPT, tiny_model_dir, str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=900, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", UNSLOTH_SCRIPT, tiny_model_dir, str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     assert result["backend"] == "unsloth" and result["unsloth"]
     assert result["model"].startswith("PeftModel")
     assert result["moved"] and result["steps"] == 2 and result["gated"] == [1.0, 1.0]

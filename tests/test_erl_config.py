@@ -32,8 +32,14 @@ def test_seed_defaults():
         ({"internalization_coef": float("nan")}, "internalization_coef"),
         ({"reward_threshold": float("inf")}, "reward_threshold"),
         ({"reflection_max_completion_length": 0}, "reflection_max_completion_length"),
-        ({"reflection_system_prompt": "{prompt} scored {reward:d}"}, "reflection_system_prompt cannot be formatted"),
-        ({"retry_system_prompt": "{prompt:.2f} {reflection}"}, "retry_system_prompt cannot be formatted"),
+        (
+            {"reflection_system_prompt": "{prompt} scored {reward:d}"},
+            "reflection_system_prompt cannot be formatted",
+        ),
+        (
+            {"retry_system_prompt": "{prompt:.2f} {reflection}"},
+            "retry_system_prompt cannot be formatted",
+        ),
     ],
 )
 def test_bad_values_name_the_field(kwargs, message):
@@ -42,11 +48,17 @@ def test_bad_values_name_the_field(kwargs, message):
 
 
 def test_reward_takes_a_float_format_spec():
-    config = make(reflection_system_prompt="{prompt} {attempt} {feedback} {memory} scored {reward:.1f}")
-    assert config.reflection_system_prompt.format(prompt="", attempt="", feedback="", memory="",
-                                                  reward=0.25).endswith("scored 0.2")
+    config = make(
+        reflection_system_prompt="{prompt} {attempt} {feedback} {memory} scored {reward:.1f}"
+    )
+    assert config.reflection_system_prompt.format(
+        prompt="", attempt="", feedback="", memory="", reward=0.25
+    ).endswith("scored 0.2")
 
 
 def test_literal_braces_are_allowed():
-    config = make(retry_system_prompt="{prompt} -- JSON like {{\"a\": 1}} -- {reflection}")
-    assert config.retry_system_prompt.format(prompt="p", reflection="r") == 'p -- JSON like {"a": 1} -- r'
+    config = make(retry_system_prompt='{prompt} -- JSON like {{"a": 1}} -- {reflection}')
+    assert (
+        config.retry_system_prompt.format(prompt="p", reflection="r")
+        == 'p -- JSON like {"a": 1} -- r'
+    )

@@ -10,12 +10,14 @@ from pipeline import ERLTrainer
 
 
 @pytest.mark.parametrize("coef", [0.7, 2.5])
-def test_internalization_gradient_equals_weighted_cross_entropy(tiny_model_dir, arithmetic_dataset,
-                                                                erl_args, coef):
+def test_internalization_gradient_equals_weighted_cross_entropy(
+    tiny_model_dir, arithmetic_dataset, erl_args, coef
+):
     reward, _ = alternating_reward()  # y1 fails, every retry succeeds -> every row internalized
     args = erl_args(reward_threshold=0.5, internalization_coef=coef, beta=0.0, loss_type="dapo")
-    trainer = ERLTrainer(model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset,
-                         reward_funcs=reward)
+    trainer = ERLTrainer(
+        model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset, reward_funcs=reward
+    )
     model = trainer.model
     batch = next(iter(trainer.get_train_dataloader()))
     model.train()
@@ -23,15 +25,21 @@ def test_internalization_gradient_equals_weighted_cross_entropy(tiny_model_dir, 
 
     # The internalization rows: advantage == coef (retry advantages are 0 here: every
     # retry of a prompt scored the same), original prompt -> y2.
-    rows = torch.isclose(out["advantages"], torch.tensor(coef)) & (out["completion_mask"].sum(1) > 0)
+    rows = torch.isclose(out["advantages"], torch.tensor(coef)) & (
+        out["completion_mask"].sum(1) > 0
+    )
     assert rows.sum().item() == len(batch)
     restricted = {k: v[rows] for k, v in out.items() if k != "num_items_in_batch"}
-    restricted["num_items_in_batch"] = out["num_items_in_batch"]  # same normalisation as the RL tokens
+    restricted["num_items_in_batch"] = out[
+        "num_items_in_batch"
+    ]  # same normalisation as the RL tokens
 
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() in a real run
     model.zero_grad()
     trainer.compute_loss(model, restricted).backward()
-    erl_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    erl_grads = {
+        n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None
+    }
 
     # Token-level cross-entropy of (prompt -> y2), normalised by the batch's token count.
     model.zero_grad()
@@ -39,7 +47,7 @@ def test_internalization_gradient_equals_weighted_cross_entropy(tiny_model_dir, 
     attention = torch.cat([restricted["prompt_mask"], restricted["completion_mask"]], dim=1)
     logits = model(input_ids=input_ids, attention_mask=attention).logits
     width = restricted["completion_ids"].size(1)
-    log_probs = logits[:, -width - 1:-1].float().log_softmax(-1)
+    log_probs = logits[:, -width - 1 : -1].float().log_softmax(-1)
     token_logps = log_probs.gather(-1, restricted["completion_ids"].unsqueeze(-1)).squeeze(-1)
     cross_entropy = -(token_logps * restricted["completion_mask"]).sum() / out["num_items_in_batch"]
     (coef * cross_entropy).backward()

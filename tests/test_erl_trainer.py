@@ -250,8 +250,10 @@ def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
         "completion_mask": torch.ones(b, c, dtype=torch.long),
         "advantages": torch.zeros(b),
         "num_items_in_batch": torch.tensor(b * c),
-        "ref_per_token_logps": torch.zeros(b, c), "old_per_token_logps": torch.zeros(b, c),
-        "sampling_per_token_logps": torch.full((b, c), -0.25), "importance_sampling_ratio": torch.full((b, 1), 0.5),
+        "ref_per_token_logps": torch.zeros(b, c),
+        "old_per_token_logps": torch.zeros(b, c),
+        "sampling_per_token_logps": torch.full((b, c), -0.25),
+        "importance_sampling_ratio": torch.full((b, 1), 0.5),
     }
     rows = _NewRows([[5, 6], [7]], [[8, 9, 10, 11, 12], [13]], [0.5, -0.5], [True, True])
     merged = trainer._merge_rows(output, rows)
@@ -294,7 +296,9 @@ def test_plain_text_prompts_reflect_and_retry_as_plain_text(tiny_model_dir, erl_
     the reward functions get string completions for y1 and y2 alike."""
     from datasets import Dataset
 
-    dataset = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)])
+    dataset = Dataset.from_list(
+        [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    )
     seen = []
 
     def reward(prompts, completions, answer, **kwargs):
@@ -302,8 +306,13 @@ def test_plain_text_prompts_reflect_and_retry_as_plain_text(tiny_model_dir, erl_
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
 
     args = erl_args(reward_threshold=2.0, per_device_train_batch_size=8, num_generations=4)
-    trainer = ERLTrainer(model=tiny_model_dir, args=args, train_dataset=dataset, reward_funcs=reward,
-                         feedback_func=lambda completions, **kw: ["Give only the number."] * len(completions))
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=args,
+        train_dataset=dataset,
+        reward_funcs=reward,
+        feedback_func=lambda completions, **kw: ["Give only the number."] * len(completions),
+    )
     batch = next(iter(trainer.get_train_dataloader()))
     trainer.model.train()
     out = trainer._generate_and_score_completions(batch)
@@ -322,8 +331,9 @@ def test_plain_text_prompts_reflect_and_retry_as_plain_text(tiny_model_dir, erl_
     assert prompt_text(2 * n).startswith(batch[0]["prompt"] + "\n\nAdvice from a previous attempt:")
 
 
-def test_unscorable_retries_carry_no_signal_and_get_the_reward_funcs_kwargs(tiny_model_dir, arithmetic_dataset,
-                                                                            erl_args):
+def test_unscorable_retries_carry_no_signal_and_get_the_reward_funcs_kwargs(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
     """Retries every reward function returns None for (NaN r2) get advantage 0, as GRPO
     gives unscorable rows; the feedback function gets the reward functions' kwargs."""
     seen_kwargs = []
@@ -335,21 +345,44 @@ def test_unscorable_retries_carry_no_signal_and_get_the_reward_funcs_kwargs(tiny
         seen_kwargs.append(set(kwargs))
         return ["wrong"] * len(completions)
 
-    trainer = ERLTrainer(model=tiny_model_dir, args=erl_args(reward_threshold=0.5), train_dataset=arithmetic_dataset,
-                         reward_funcs=reward, feedback_func=feedback_func)
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=erl_args(reward_threshold=0.5),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=reward,
+        feedback_func=feedback_func,
+    )
     batch = next(iter(trainer.get_train_dataloader()))
     trainer.model.train()
     out = trainer._generate_and_score_completions(batch)
     n = len(batch)
     assert out["advantages"][n:].abs().sum().item() == 0.0
     assert len(trainer.memory) == 0 and trainer._metrics["train"]["erl/retry_success_rate"] == [0.0]
-    assert {"prompts", "completion_ids", "answer", "trainer_state", "log_metric", "log_extra"} <= seen_kwargs[0]
+    assert {
+        "prompts",
+        "completion_ids",
+        "answer",
+        "trainer_state",
+        "log_metric",
+        "log_extra",
+    } <= seen_kwargs[0]
 
 
-def test_truncated_erl_rows_are_masked_when_grpo_masks_truncation(tiny_model_dir, arithmetic_dataset, erl_args):
-    args = erl_args(reward_threshold=2.0, max_completion_length=3, reflection_max_completion_length=3,
-                    mask_truncated_completions=True)
-    trainer = ERLTrainer(model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset, reward_funcs=length_reward)
+def test_truncated_erl_rows_are_masked_when_grpo_masks_truncation(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    args = erl_args(
+        reward_threshold=2.0,
+        max_completion_length=3,
+        reflection_max_completion_length=3,
+        mask_truncated_completions=True,
+    )
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=args,
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+    )
     batch = next(iter(trainer.get_train_dataloader()))
     trainer.model.train()
     out = trainer._generate_and_score_completions(batch)
@@ -357,12 +390,18 @@ def test_truncated_erl_rows_are_masked_when_grpo_masks_truncation(tiny_model_dir
     for ids, mask in zip(out["completion_ids"], out["completion_mask"]):
         if mask.sum() > 0:  # a row in the loss ended with EOS within the length
             assert ids[mask.bool()][-1].item() in ends
-    assert out["completion_mask"][len(batch):].sum() < out["completion_mask"][len(batch):].numel()
+    assert out["completion_mask"][len(batch) :].sum() < out["completion_mask"][len(batch) :].numel()
 
 
-def test_first_attempt_log_is_bounded_without_a_consumer(tiny_model_dir, arithmetic_dataset, erl_args):
-    trainer = ERLTrainer(model=tiny_model_dir, args=erl_args(reward_threshold=-1.0, max_steps=3),
-                         train_dataset=arithmetic_dataset, reward_funcs=length_reward)
+def test_first_attempt_log_is_bounded_without_a_consumer(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=erl_args(reward_threshold=-1.0, max_steps=3),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+    )
     trainer.train()
     attempts = trainer.pop_first_attempts()
     assert len(attempts) == 3 * 8 and trainer._first_attempt_log.maxlen == 64 * 8

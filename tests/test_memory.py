@@ -52,14 +52,18 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 @pytest.mark.slow
-def test_memory_is_checkpointed_and_restored_on_resume(tiny_model_dir, arithmetic_dataset, erl_args, tmp_path):
+def test_memory_is_checkpointed_and_restored_on_resume(
+    tiny_model_dir, arithmetic_dataset, erl_args, tmp_path
+):
     from conftest import alternating_reward
 
     from pipeline import ERLTrainer
 
     reward, _ = alternating_reward()
     args = erl_args(reward_threshold=0.5, max_steps=2, save_strategy="steps", save_steps=1)
-    trainer = ERLTrainer(model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset, reward_funcs=reward)
+    trainer = ERLTrainer(
+        model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset, reward_funcs=reward
+    )
     trainer.train()
     assert len(trainer.memory) == 16  # every retry of both steps succeeded
     first = json.loads((tmp_path / "out" / "checkpoint-1" / MEMORY_FILE).read_text())
@@ -67,8 +71,12 @@ def test_memory_is_checkpointed_and_restored_on_resume(tiny_model_dir, arithmeti
 
     # Resume from step 1 and train step 2: the restored entries come first, then step 2's.
     reward, _ = alternating_reward()
-    resumed = ERLTrainer(model=tiny_model_dir, args=erl_args(reward_threshold=0.5, max_steps=2),
-                         train_dataset=arithmetic_dataset, reward_funcs=reward)
+    resumed = ERLTrainer(
+        model=tiny_model_dir,
+        args=erl_args(reward_threshold=0.5, max_steps=2),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=reward,
+    )
     assert len(resumed.memory) == 0
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
     state = resumed.memory.state_dict()

@@ -18,7 +18,17 @@ def test_recipe_parses_and_names_a_real_task(recipe, tmp_path):
     activate_backend()
     # bf16/fp16 need a GPU at GRPOConfig's post-init; the rest parses as written.
     run, model, curriculum, args = parse_run_config(
-        ["--config", str(recipe), "--output_dir", str(tmp_path), "--bf16", "false", "--fp16", "false"])
+        [
+            "--config",
+            str(recipe),
+            "--output_dir",
+            str(tmp_path),
+            "--bf16",
+            "false",
+            "--fp16",
+            "false",
+        ]
+    )
     task = get_task(run.task, **run.task_config)
     assert curriculum.start_level in task.levels
     assert set(run.reward_signals) <= set(task.signals) | {"length"}

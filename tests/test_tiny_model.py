@@ -14,8 +14,9 @@ def test_loads_with_from_pretrained_and_chats(tiny_model_dir):
     assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 2
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
     assert tokenizer.padding_side == "left"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "3+4"}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "3+4"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\n3+4<|im_end|>\n<|im_start|>assistant\n"
     ids = tokenizer("<answer>7</answer>")["input_ids"]
     assert tokenizer.decode(ids) == "<answer>7</answer>" and len(ids) < 9  # BPE merged the tag text

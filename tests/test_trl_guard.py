@@ -29,7 +29,14 @@ def test_overridden_private_signatures_are_unchanged():
 
 def test_logps_helper_takes_the_arguments_erl_passes():
     params = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
-    assert params[:6] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"]
+    assert params[:6] == [
+        "self",
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+    ]
 
 
 def test_private_attributes_erl_uses_exist(tiny_model_dir, arithmetic_dataset, erl_args):
@@ -37,10 +44,26 @@ def test_private_attributes_erl_uses_exist(tiny_model_dir, arithmetic_dataset, e
 
     from pipeline import ERLTrainer
 
-    trainer = ERLTrainer(model=tiny_model_dir, args=erl_args(), train_dataset=arithmetic_dataset,
-                         reward_funcs=length_reward)
-    for attribute in ("_metrics", "_pending_extra_logs", "_pending_metrics", "_tokenizer",
-                      "generation_config", "generation_kwargs", "reward_weights", "use_vllm", "ref_model",
-                      "mask_truncated_completions", "eos_token_ids", "_log_metric", "_log_completion_extra"):
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=erl_args(),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+    )
+    for attribute in (
+        "_metrics",
+        "_pending_extra_logs",
+        "_pending_metrics",
+        "_tokenizer",
+        "generation_config",
+        "generation_kwargs",
+        "reward_weights",
+        "use_vllm",
+        "ref_model",
+        "mask_truncated_completions",
+        "eos_token_ids",
+        "_log_metric",
+        "_log_completion_extra",
+    ):
         assert hasattr(trainer, attribute), attribute
     assert trainer.generation_kwargs["max_new_tokens"] == trainer.generation_config.max_new_tokens

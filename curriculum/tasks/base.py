@@ -55,7 +55,9 @@ class Evaluation:
         confirmation when nothing failed."""
         if self.error is not None:
             return self.error
-        chosen = [text for name, text in self.feedback.items() if signals is None or name in signals]
+        chosen = [
+            text for name, text in self.feedback.items() if signals is None or name in signals
+        ]
         return " ".join(chosen) if chosen else "The answer is correct."
 
 
