@@ -82,3 +82,10 @@ def alternating_reward():
         return [value] * len(completions)
 
     return reward, calls
+
+
+def first_generation_batch(trainer):
+    """One training generation batch and what ERLTrainer makes of it (GRPO's rows + ERL's)."""
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    return batch, trainer._generate_and_score_completions(batch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import alternating_reward
+from conftest import alternating_reward, first_generation_batch
 
 from pipeline import ERLTrainer
 
@@ -19,9 +19,7 @@ def test_internalization_gradient_equals_weighted_cross_entropy(
         model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset, reward_funcs=reward
     )
     model = trainer.model
-    batch = next(iter(trainer.get_train_dataloader()))
-    model.train()
-    out = trainer._generate_and_score_completions(batch)
+    batch, out = first_generation_batch(trainer)
 
     # The internalization rows: advantage == coef (retry advantages are 0 here: every
     # retry of a prompt scored the same), original prompt -> y2.

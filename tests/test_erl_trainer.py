@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import alternating_reward, length_reward
+from conftest import alternating_reward, first_generation_batch, length_reward
 from peft import LoraConfig
 from transformers import TrainerCallback
 
@@ -139,9 +139,7 @@ def test_gate_open_every_row_reflects_and_retries(tiny_model_dir, arithmetic_dat
         reward_funcs=reward,
         feedback_func=feedback_func,
     )
-    batch = next(iter(trainer.get_train_dataloader()))
-    trainer.model.train()
-    out = trainer._generate_and_score_completions(batch)
+    batch, out = first_generation_batch(trainer)
 
     n = len(batch)
     assert feedback_calls == [n]
@@ -313,9 +311,7 @@ def test_plain_text_prompts_reflect_and_retry_as_plain_text(tiny_model_dir, erl_
         reward_funcs=reward,
         feedback_func=lambda completions, **kw: ["Give only the number."] * len(completions),
     )
-    batch = next(iter(trainer.get_train_dataloader()))
-    trainer.model.train()
-    out = trainer._generate_and_score_completions(batch)
+    batch, out = first_generation_batch(trainer)
     (first_prompts, first), (retry_prompts, retries) = seen
     assert all(isinstance(c, str) for c in first + retries)
     assert retry_prompts == first_prompts == [row["prompt"] for row in batch]
@@ -352,9 +348,7 @@ def test_unscorable_retries_carry_no_signal_and_get_the_reward_funcs_kwargs(
         reward_funcs=reward,
         feedback_func=feedback_func,
     )
-    batch = next(iter(trainer.get_train_dataloader()))
-    trainer.model.train()
-    out = trainer._generate_and_score_completions(batch)
+    batch, out = first_generation_batch(trainer)
     n = len(batch)
     assert out["advantages"][n:].abs().sum().item() == 0.0
     assert len(trainer.memory) == 0 and trainer._metrics["train"]["erl/retry_success_rate"] == [0.0]
@@ -383,9 +377,7 @@ def test_truncated_erl_rows_are_masked_when_grpo_masks_truncation(
         train_dataset=arithmetic_dataset,
         reward_funcs=length_reward,
     )
-    batch = next(iter(trainer.get_train_dataloader()))
-    trainer.model.train()
-    out = trainer._generate_and_score_completions(batch)
+    batch, out = first_generation_batch(trainer)
     ends = {*trainer.eos_token_ids, trainer._tokenizer.pad_token_id}
     for ids, mask in zip(out["completion_ids"], out["completion_mask"]):
         if mask.sum() > 0:  # a row in the loss ended with EOS within the length
