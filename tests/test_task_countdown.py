@@ -190,6 +190,31 @@ def test_writing_the_target_itself_earns_no_closeness():
     assert "breaks a rule" in evaluation.feedback["correctness"]
 
 
+@pytest.mark.parametrize(
+    ("expression", "ours", "theirs"),
+    [
+        ("50 - 25 - 7 - 3", 1.0, 1.0),  # every given number used: both accept
+        ("25 - 7 - 3", 1.0, 0.05),  # a subset: accepted here, refused by reasoning-gym
+    ],
+)
+def test_subset_rule_differs_from_reasoning_gym_as_the_readme_says(expression, ours, theirs):
+    reasoning_gym = pytest.importorskip("reasoning_gym")
+    # Its scorer parses with sympy (which uses eval): the adapter refuses it for model
+    # output; here it only sees these fixed strings.
+    scorer = reasoning_gym.create_dataset("countdown", size=1, seed=0)
+    entry = {"metadata": {"numbers": HAND_NUMBERS, "target": 15}}
+    assert scorer.score_answer(expression, entry) == theirs
+    assert score(expression, target=15).reward == ours
+
+
+def test_huge_values_are_scored_exactly_and_named_briefly():
+    task = CountdownTask(max_expression_chars=1000)
+    evaluation = score("9" * 400, task)  # 10**400 is too big for a float
+    assert evaluation.breakdown["milestones"] == 0.0 and evaluation.reward == 0.0
+    assert len(evaluation.feedback["correctness"]) < 120
+    assert "999..." in evaluation.feedback["correctness"]
+
+
 def test_duplicated_given_numbers_may_each_be_used():
     assert score("7 * 7 + 3", numbers=[3, 7, 7], target=52).reward == 1.0
     assert "used 3 times" in score("7 * 7 - 7", numbers=[3, 7, 7], target=42).feedback_text()

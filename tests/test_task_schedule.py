@@ -240,6 +240,9 @@ def test_format_requires_the_answer_tag_alone():
         ('{"actions": {}}', '"actions" list'),
         ('{"actions": [], "rationale": 3}', "string"),
         ('{"actions": [{"action": "swap", "id": "m1"}]}', '"move" or "cancel"'),
+        # Unhashable "action" values (issue 8: they raised TypeError).
+        ('{"actions": [{"action": []}]}', '"move" or "cancel"'),
+        ('{"actions": [{"action": {"move": 1}, "id": "m1"}]}', '"move" or "cancel"'),
         ('{"actions": [{"action": "move", "id": "m1"}]}', '"start"'),
         ('{"actions": [{"action": "move", "id": 1, "start": "10:00"}]}', '"id"'),
         (

@@ -28,6 +28,9 @@ SYSTEM_PROMPT = "Compute the result. Reply only with <answer>N</answer>."
 # Strict means exactly `<answer>N</answer>`, no think block: a lenient match taught the
 # project's tiny model not to stop after the answer.
 _STRICT = re.compile(r"\s*<answer>\s*(-?\d+)\s*</answer>\s*")
+# Answers with more significant digits are scored as far off without being converted:
+# `int()` refuses strings over 4,300 digits. No level's answer comes near this many.
+MAX_DIGITS = 100
 
 
 @dataclass
@@ -76,9 +79,15 @@ class ArithmeticTask(Task):
         if not re.fullmatch(r"-?\d+", content):
             feedback["correctness"] = f"The answer {shorten(content)!r} is not an integer."
             return Evaluation(0.0, {"format": 0.0, "correctness": 0.0, "milestones": 0.0}, feedback)
-        value = int(content)
-        # Partial credit: how close the value is, relative to the size of the answer.
-        closeness = max(0.0, 1.0 - abs(value - expected) / max(10, abs(expected)))
+        negative = content.startswith("-")
+        digits = content.lstrip("-").lstrip("0")
+        if len(digits) > MAX_DIGITS:
+            side = "too low" if negative else "too high"
+            feedback["correctness"] = f"The answer has {len(digits)} digits: it is far {side}."
+            feedback["milestones"] = f"An answer of {len(digits)} digits is nowhere near."
+            breakdown = {"format": 1.0 if strict is not None else 0.5, "correctness": 0.0}
+            return Evaluation(0.0, {**breakdown, "milestones": 0.0}, feedback)
+        value = -int(digits or "0") if negative else int(digits or "0")
         correct = strict is not None and value == expected
         if value != expected:
             direction = "too low" if value < expected else "too high"
@@ -89,9 +98,21 @@ class ArithmeticTask(Task):
         breakdown = {
             "format": 1.0 if strict is not None else 0.5,
             "correctness": 1.0 if correct else 0.0,
-            "milestones": closeness,
+            "milestones": closeness(value, expected),
         }
         return Evaluation(breakdown["correctness"], breakdown, feedback)
+
+
+def closeness(value: int, expected: int) -> float:
+    """Partial credit: 1 - |value - expected| / max(10, |expected|), floored at 0.
+
+    Exact integer arithmetic, so a huge `value` cannot overflow a float division.
+
+    >>> closeness(95, 100)
+    0.95
+    """
+    gap, scale = abs(value - expected), max(10, abs(expected))
+    return 0.0 if gap >= scale else 1.0 - gap / scale
 
 
 def _calculate(numbers: list[int], operators: list[str]) -> int:

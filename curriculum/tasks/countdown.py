@@ -218,7 +218,10 @@ def _times(count: int) -> str:
 
 
 def _format_value(value: Fraction) -> str:
-    return str(value.numerator) if value.denominator == 1 else f"{value} (not a whole number)"
+    # Shortened: with a long max_expression_chars a value can have hundreds of digits.
+    if value.denominator == 1:
+        return shorten(str(value.numerator))
+    return f"{shorten(str(value))} (not a whole number)"
 
 
 def usage_problem(numbers: tuple[int, ...], given: list[int]) -> str | None:
@@ -302,10 +305,11 @@ class CountdownTask(Task):
             )
             closeness = 0.0
         else:
-            # Partial credit relative to the target's size, as in the arithmetic family.
-            closeness = max(0.0, 1.0 - float(abs(value - target)) / max(10, target))
+            # Partial credit relative to the target's size, as in the arithmetic family;
+            # exact, so a value too big for a float (a long max_expression_chars) is fine.
+            gap, scale = abs(value - target), max(10, abs(target))
+            closeness = 0.0 if gap >= scale else float(1 - gap / scale)
             if value != target:
-                gap = abs(value - target)
                 side = "below" if value < target else "above"
                 feedback["milestones"] = (
                     f"{_format_value(value)} is {gap} {side} the target {target}."

@@ -126,9 +126,12 @@ def parse_plan(text: str) -> Plan | str:
         return 'The "rationale" must be a string.'
     parsed = []
     for number, action in enumerate(actions, start=1):
-        if not isinstance(action, dict) or action.get("action") not in _ACTION_KEYS:
+        # Type first: an "action" that is a list or object is unhashable, so the lookup
+        # in _ACTION_KEYS would raise.
+        kind = action.get("action") if isinstance(action, dict) else None
+        if not isinstance(kind, str) or kind not in _ACTION_KEYS:
             return f'Action {number} must be an object whose "action" is "move" or "cancel".'
-        kind = action["action"]
+
         extra = sorted(str(k)[:20] for k in set(action) - _ACTION_KEYS[kind])
         if extra:
             keys = ", ".join(f'"{k}"' for k in sorted(_ACTION_KEYS[kind]))
