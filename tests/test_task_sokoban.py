@@ -137,6 +137,54 @@ def test_format_problems_cost_correctness_not_progress():
     assert evaluation.reward == 0.0 and "not exactly" in evaluation.feedback["correctness"]
 
 
+def test_a_puzzle_solved_at_the_start_is_solved_by_any_plan():
+    """Moves after the solve are ignored, so here every move is; feedback agrees (issue 8)."""
+    solved = ["#####", "#@*_#", "#####"]  # the one box already stands on its goal
+    for plan in ("U", "R", "L L"):  # into a wall, the box pushed off its goal, ...
+        evaluation = score(plan, solved)
+        assert evaluation.reward == 1.0 and evaluation.error is None, plan
+        assert evaluation.breakdown == dict.fromkeys(TASK.signals, 1.0), plan
+        assert evaluation.feedback == {}, plan
+    loose = TASK.evaluate(hand_row(solved), "Easy: <answer>U</answer>")
+    assert loose.breakdown["milestones"] == 1.0 and loose.reward == 0.0
+    assert "before every box" not in loose.feedback_text()
+    assert loose.feedback["correctness"].startswith("Every box reaches a goal")
+
+
+# Rules against reasoning-gym's sokoban scorer -----------------------------------------------
+
+# Our map symbols -> reasoning-gym's (its prompt: * player, % player on a goal, @ box,
+# X goal, $ box on a goal, + wall, - empty).
+TO_REASONING_GYM = str.maketrans(
+    {"#": "+", "_": "-", "@": "*", "+": "%", "$": "@", ".": "X", "*": "$"}
+)
+# One box right of the player with its goal beyond it, and floor beyond the goal.
+LINE = ["#######", "#_@$._#", "#_____#", "#######"]
+
+
+@pytest.mark.parametrize(
+    ("plan", "ours", "theirs"),
+    [
+        ("R", 1.0, 1.0),  # a plain solution
+        ("L R R", 1.0, 1.0),
+        # An illegal move (U walks into the wall) ends the plan here; reasoning-gym skips it.
+        ("U R", 0.0, 1.0),
+        # Moves after the solve are ignored here; reasoning-gym replays them (R pushes the
+        # box off its goal again).
+        ("R R", 1.0, 0.0),
+        # Moves must be separated here ("LRR" is one unreadable token); reasoning-gym reads
+        # one move per character.
+        ("LRR", 0.0, 1.0),
+    ],
+)
+def test_rules_differ_from_reasoning_gym_as_the_readme_says(plan, ours, theirs):
+    reasoning_gym = pytest.importorskip("reasoning_gym")
+    scorer = reasoning_gym.create_dataset("sokoban", size=1, seed=0)
+    gamestr = "\n".join(line.translate(TO_REASONING_GYM) for line in LINE)
+    assert scorer.score_answer(plan, {"metadata": {"gamestr": gamestr}}) == theirs
+    assert score(plan, LINE).reward == ours
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, None])
 def test_bad_max_moves_is_rejected(bad):
     with pytest.raises(ValueError, match="max_moves"):
