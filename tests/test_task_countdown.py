@@ -211,8 +211,9 @@ def test_huge_values_are_scored_exactly_and_named_briefly():
     task = CountdownTask(max_expression_chars=1000)
     evaluation = score("9" * 400, task)  # 10**400 is too big for a float
     assert evaluation.breakdown["milestones"] == 0.0 and evaluation.reward == 0.0
-    assert len(evaluation.feedback["correctness"]) < 120
+    assert all(len(sentence) < 120 for sentence in evaluation.feedback.values())
     assert "999..." in evaluation.feedback["correctness"]
+    assert "999..." in evaluation.feedback["plausibility"]
 
 
 def test_duplicated_given_numbers_may_each_be_used():

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from curriculum.tasks import SIGNALS, Evaluation, Task, get_task, list_tasks
 
 SECONDS_PER_COMPLETION = 2.0
+MAX_FEEDBACK_CHARS = 300  # per sentence ("one short sentence", says base.Evaluation)
 
 # Family id -> (registered name, config). reasoning_gym runs two datasets: chain_sum has
 # a numeric answer, sokoban a move plan replayed by reasoning-gym's own simulator.
@@ -195,9 +196,11 @@ def check(task: Task, evaluation: Evaluation, elapsed: float, what: str) -> None
     assert set(task.signals) <= set(evaluation.breakdown) <= set(SIGNALS), what
     for signal, value in evaluation.breakdown.items():
         assert math.isfinite(value) and 0.0 <= value <= 1.0, f"{what}: {signal}={value}"
-    # Feedback goes into reflection prompts and JSON logs: it must be valid text.
+    # Feedback goes into reflection prompts and JSON logs: short, valid text whatever the
+    # completion held.
     for text in [*evaluation.feedback.values(), evaluation.error or ""]:
         text.encode("utf-8")
+        assert len(text) <= MAX_FEEDBACK_CHARS, f"{what}: feedback {text[:80]!r}..."
     assert elapsed < SECONDS_PER_COMPLETION, f"{what}: took {elapsed:.2f} s"
 
 

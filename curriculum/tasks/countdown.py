@@ -228,11 +228,12 @@ def usage_problem(numbers: tuple[int, ...], given: list[int]) -> str | None:
     """The first way `numbers` breaks the multiset of `given` numbers, or None."""
     available = Counter(given)
     for number, used in Counter(numbers).items():
+        shown = shorten(str(number))  # a long max_expression_chars allows 1000-digit numbers
         if available[number] == 0:
-            return f"The number {number} is not among the given numbers."
+            return f"The number {shown} is not among the given numbers."
         if used > available[number]:
             return (
-                f"The number {number} is used {_times(used)} but given {_times(available[number])}."
+                f"The number {shown} is used {_times(used)} but given {_times(available[number])}."
             )
     return None
 
