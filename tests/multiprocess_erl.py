@@ -1,6 +1,6 @@
 """ERL training on the tiny model, run once per gate setting; used by tests/test_multiprocess.py.
 
-    accelerate launch --multi_gpu --num_processes 2 tests/multiprocess_erl.py MODEL OUT 6
+    accelerate launch --config_file configs/accelerate/ddp.yaml tests/multiprocess_erl.py MODEL OUT 6
     python tests/multiprocess_erl.py MODEL OUT 12
 
 Every process writes OUT/<gate>/rank<i>.pt: its world size, final parameters, the erl/
