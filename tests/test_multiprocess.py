@@ -10,6 +10,7 @@ every test asserts the world size its processes saw.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -211,7 +212,8 @@ def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_mod
         )
         assert in_stage_two, first_log.read_text()[-4000:]
     finally:
-        os.killpg(process.pid, signal.SIGKILL)  # the launcher and both training processes
+        with contextlib.suppress(ProcessLookupError):  # gone already if the run failed early
+            os.killpg(process.pid, signal.SIGKILL)  # the launcher and both training processes
         process.wait()
     log = first_log.read_text()
     assert "2 processes (MULTI_CPU" in log, log[-4000:]
