@@ -97,6 +97,8 @@ class CurriculumCallback(TrainerCallback):
             f.write(json.dumps(record, default=str) + "\n")
 
     def on_save(self, args, state, control, **kwargs):
+        # The controller file marks a checkpoint complete: every process (its RNG state) first.
+        wait_for_everyone()
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if checkpoint.exists() and state.is_world_process_zero:
             atomic_write_json(checkpoint / CONTROLLER_FILE, self.controller.state_dict())
