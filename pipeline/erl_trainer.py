@@ -246,7 +246,7 @@ class ERLTrainer(GRPOTrainer):
 
         # A retry no reward function could score (all None -> NaN) carries no signal, as in GRPO.
         scored = [v and r == r for v, r in zip(valid, r2.tolist())]
-        advantages = _retry_advantages(
+        advantages = self._global_retry_advantages(
             [json.dumps(p, sort_keys=True, default=str) for p in g_prompts],
             r1=g_r1,
             r2=r2,
@@ -279,6 +279,29 @@ class ERLTrainer(GRPOTrainer):
             )
         self._log_experience(r2, valid, success, len(kept), new_rows)
         return new_rows
+
+    def _global_retry_advantages(
+        self, groups: list[str], r1: torch.Tensor, r2: torch.Tensor, valid: list[bool], scale: bool
+    ) -> list[float]:
+        """`_retry_advantages` over the retries of every process, sliced back to this one's.
+
+        GRPO's sampler gives each process a contiguous slice of the generation batch, so
+        one prompt's generations (and its retries) can live on several processes; like GRPO
+        for r1, gather the group keys, r1, r2 and validity and normalise over all of them.
+        Every process holds the same number of rows here (padded to the global maximum).
+        """
+        if self.accelerator.num_processes == 1:
+            return _retry_advantages(groups, r1=r1, r2=r2, valid=valid, scale=scale)
+        valid_mask = torch.tensor(valid, device=r2.device, dtype=torch.long)
+        advantages = _retry_advantages(
+            gather_object(groups),
+            r1=self.accelerator.gather(r1),
+            r2=self.accelerator.gather(r2),
+            valid=self.accelerator.gather(valid_mask).bool().tolist(),
+            scale=scale,
+        )
+        start = self.accelerator.process_index * len(groups)
+        return advantages[start : start + len(groups)]
 
     def _trainable(self, completion_ids: list[list[int]], valid: list[bool]) -> list[bool]:
         """Which rows enter the loss: valid ones, less truncated completions when GRPO masks
@@ -355,16 +378,27 @@ class ERLTrainer(GRPOTrainer):
         metrics["erl/r2_mean"].append(total_r2 / max(total_gated, 1.0))
         metrics["erl/retry_success_rate"].append(total_success / max(total_gated, 1.0))
         metrics["erl/internalization_rows"].append(total_internalized)
-        # A metric-only forward; single-process only, since a forward on some ranks and not
-        # others would hang sharded (FSDP/ZeRO-3) training.
-        single = self.accelerator.num_processes == 1
-        loss = (
-            self._internalization_loss(new_rows, num_internalized)
-            if num_internalized and single
-            else None
+        # A metric-only forward, decided from the global count: a forward on some ranks and
+        # not others would hang sharded (FSDP/ZeRO-3) training.
+        if total_internalized:
+            loss = self._global_internalization_loss(new_rows, num_internalized)
+            if loss is not None:
+                metrics["erl/internalization_loss"].append(loss)
+
+    def _global_internalization_loss(self, rows: _NewRows, count: int) -> float | None:
+        """The internalization-loss metric over every process's rows (token-weighted)."""
+        if self.accelerator.num_processes == 1:
+            return self._internalization_loss(rows, count)
+        # A process without internalization rows scores one of its other rows, counted for nothing.
+        loss = self._internalization_loss(rows, max(count, 1))
+        tokens = sum(len(ids) for ids in rows.completion_ids[-count:]) if count else 0
+        if loss is None:
+            tokens = 0
+        stats = torch.tensor(
+            [(loss or 0.0) * tokens, float(tokens)], device=self.accelerator.device
         )
-        if loss is not None:
-            metrics["erl/internalization_loss"].append(loss)
+        total, all_tokens = self.accelerator.reduce(stats, reduction="sum").tolist()
+        return total / all_tokens if all_tokens else None
 
     @torch.no_grad()
     def _internalization_loss(self, rows: _NewRows, count: int) -> float | None:

@@ -5,6 +5,8 @@
     python -m pipeline.run --config configs/tiny.yaml --output_dir runs/x --promote_threshold 0.5
     python -m pipeline.run --config configs/tiny.yaml --output_dir runs/x --resume true
     python -m pipeline.run --help                            # every option, with its help
+    accelerate launch --config_file configs/accelerate/ddp.yaml -m pipeline.run \
+        --config configs/qwen2.5-1.5b.yaml --backend transformers   # several GPUs (DDP)
 
 main() reads top to bottom: parse the config -> choose the backend -> load the model ->
 build the task and rewards -> warm up -> run the stages -> save and plot.
@@ -32,11 +34,19 @@ logger = logging.getLogger("pipeline.run")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-
     # ---- Config and backend: the backend decides how trl is imported, so it comes first.
-    activate_backend(peek_backend(argv))
+    from pipeline import distributed
+
+    processes = distributed.launched_processes()
+    activate_backend(distributed.backend_for_processes(peek_backend(argv), processes))
     run, model_config, curriculum_config, args = parse_run_config(argv)
+    distributed.check_parallelism(args)
+    main_process = distributed.is_main_process()  # the one that writes the run's files
+    logging.basicConfig(
+        level=logging.INFO if main_process else logging.WARNING, format="%(message)s"
+    )
+    if processes > 1:
+        logger.info(distributed.describe())
     if run.save_gguf and not unsloth_patches_trainers():
         raise SystemExit("error: --save_gguf needs the unsloth backend on a CUDA GPU")
     if run.save_merged and not model_config.use_lora:
@@ -45,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     from curriculum.controller import CurriculumController
-    from curriculum.state import STATE_FILENAME, CurriculumState
+    from curriculum.state import STATE_FILENAME
     from curriculum.tasks import get_task
     from pipeline.checkpoints import check_output_dir, save_policy
     from pipeline.memory import ReflectionMemory
@@ -53,15 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.tiny_model import build_tiny_model
     from rewards import Scorer, build_feedback_func, build_reward_funcs
 
-    if args.world_size > 1:
-        raise SystemExit(
-            "error: python -m pipeline.run trains on one process (one GPU); "
-            "use ERLTrainer directly under accelerate for several"
-        )
     output_dir = Path(args.output_dir)
     check_output_dir(output_dir, run.resume)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    state = CurriculumState.load(output_dir / STATE_FILENAME)
+    distributed.wait_for_everyone()  # every process checks the folder before anything is written
+    if main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    state = distributed.load_curriculum_state(output_dir / STATE_FILENAME)
     state.save()  # first thing: a run killed at any point after this can be resumed
 
     # ---- Task, controller and rewards.
@@ -75,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         run.reward_signals,
         fallback=run.fallback_reward,
         length_budget=run.length_budget,
-        log_dir=str(output_dir),
+        log_dir=str(output_dir) if main_process else None,  # generations.jsonl
         log_every=run.log_generations_every,
         scorer=scorer,
     )
@@ -84,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     # ---- The model: loaded once, it stays loaded across stages.
-    if run.build_tiny_model:
+    if run.build_tiny_model and main_process:
         build_tiny_model(model_config.model_name_or_path)
+    distributed.wait_for_everyone()  # the others load what the main process built
     model, tokenizer = load_policy(
         model_config, seed=args.seed, trust_remote_code=args.trust_remote_code
     )
@@ -114,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             args=args,
             output_dir=str(output_dir / ".warmup_trainer"),
         )
-        save_policy(model, tokenizer, memory, warmup_dir, atomic=True)
+        if main_process:
+            save_policy(model, tokenizer, memory, warmup_dir, atomic=True)
 
     # ---- The stages: train until promoted or out of steps, evaluate, save, plot.
     from pipeline.stages import run_stage
@@ -135,11 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     # ---- The final model, and optional merged / GGUF exports.
-    final_dir = save_policy(model, tokenizer, memory, output_dir / "final", atomic=True)
-    _export(model, tokenizer, run, output_dir)
-    from pipeline.plots import plot_run
+    final_dir = output_dir / "final"
+    if main_process:
+        save_policy(model, tokenizer, memory, final_dir, atomic=True)
+        _export(model, tokenizer, run, output_dir)
+        from pipeline.plots import plot_run
 
-    plot_run(output_dir, stages=[])
+        plot_run(output_dir, stages=[])
+    distributed.wait_for_everyone()
     promoted = sum(1 for s in state.stages if s.status == "promoted")
     logger.info(
         f"done: {len(state.stages)} stages, {promoted} promoted; final model in {final_dir}"

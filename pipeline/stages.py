@@ -18,6 +18,7 @@ from curriculum.controller import CurriculumController
 from curriculum.state import atomic_write_json
 from curriculum.tasks import Task
 from pipeline.checkpoints import CONTROLLER_FILE
+from pipeline.distributed import all_processes, is_main_process, wait_for_everyone
 from pipeline.plots import read_metrics
 
 METRICS_FILE = "metrics.jsonl"
@@ -66,7 +67,8 @@ class CurriculumCallback(TrainerCallback):
         ]
 
     def on_step_end(self, args, state, control, **kwargs):
-        attempts = self.trainer.pop_first_attempts()
+        # Every process records every process's first attempts: they all decide alike.
+        attempts = all_processes(self.trainer.pop_first_attempts())
         self.controller.record_step(
             state.global_step,
             [r for r, _ in attempts],
@@ -81,7 +83,7 @@ class CurriculumCallback(TrainerCallback):
             control.should_save = False  # save_strategy="epoch" sets it again at the stop
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "train_runtime" in logs:
+        if not logs or "train_runtime" in logs or not state.is_world_process_zero:
             return
         if "erl/r2_mean" in logs and logs.get("erl/gated_fraction", 0) > 0:
             self.r2_values.append(logs["erl/r2_mean"])
@@ -95,8 +97,10 @@ class CurriculumCallback(TrainerCallback):
             f.write(json.dumps(record, default=str) + "\n")
 
     def on_save(self, args, state, control, **kwargs):
+        # The controller file marks a checkpoint complete: every process (its RNG state) first.
+        wait_for_everyone()
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if checkpoint.exists():
+        if checkpoint.exists() and state.is_world_process_zero:
             atomic_write_json(checkpoint / CONTROLLER_FILE, self.controller.state_dict())
 
     def r2_mean(self) -> float | None:
@@ -145,7 +149,8 @@ def run_stage(
     checkpoint = latest_trainer_checkpoint(stage_dir / "checkpoints")
     if checkpoint is not None:  # an interrupted stage: continue where its checkpoint left off
         controller.load_state_dict(read_controller_state(checkpoint))
-    truncate_metrics(stage_dir, controller.stage_steps)
+    if is_main_process():
+        truncate_metrics(stage_dir, controller.stage_steps)
     step_offset = sum(s.steps for s in state.stages if s.finished)
 
     trainer = ERLTrainer(
@@ -166,7 +171,8 @@ def run_stage(
     decision = controller.end_stage()
 
     evaluation = None
-    if run.eval_prompts:
+    main_process = is_main_process()  # evaluates once over all prompts, and writes
+    if run.eval_prompts and main_process:
         evaluation = evaluate_first_attempts(
             model,
             tokenizer,
@@ -177,7 +183,8 @@ def run_stage(
             weights=run.reward_signals,
             progress=not args.disable_tqdm,
         )
-    save_policy(model, tokenizer, memory, stage_dir)
+    if main_process:
+        save_policy(model, tokenizer, memory, stage_dir)
     state.finish_stage(
         stage,
         decision.status,
@@ -191,8 +198,10 @@ def run_stage(
         action=decision.action,
         next_level=decision.next_level,
     )
-    shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)  # a finished stage never resumes
-    plot_run(output_dir, stages=[stage])
+    if main_process:  # a finished stage never resumes: its trainer checkpoints go
+        shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
+        plot_run(output_dir, stages=[stage])
+    wait_for_everyone()
     logger.info(_summary(stage, level, steps, decision, callback.r2_mean(), evaluation))
 
 

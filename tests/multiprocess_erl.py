@@ -1,0 +1,120 @@
+"""ERL training on the tiny model, run once per gate setting; used by tests/test_multiprocess.py.
+
+    accelerate launch --config_file configs/accelerate/ddp.yaml tests/multiprocess_erl.py MODEL OUT 6
+    python tests/multiprocess_erl.py MODEL OUT 12
+
+Every process writes OUT/<gate>/rank<i>.pt: its world size, final parameters, the erl/
+metrics it logged and its reflection memory. Generation is made independent of how rows
+are laid out over processes (see `KeyedSamplingERLTrainer`), so two processes with batch
+B and one with batch 2B must end with the same parameters, metrics and memory.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+
+from curriculum.tasks import get_task
+from pipeline import ERLConfig, ERLTrainer
+from rewards import completion_text
+
+# reward_threshold and which attempts the reward scores, per gate setting.
+GATES = {
+    "closed": -1.0,  # no row reflects: ERL trains as GRPO
+    "all": 0.5,  # first attempts score 0: every row reflects and retries, some retries succeed
+    "some": 0.5,  # first attempts score by length: only some rows reflect
+}
+STEPS = 2
+
+
+def length_reward(completions, attempt=None, **kwargs) -> list[float]:
+    """(length mod 4) / 3: varies between completions, so GRPO has a gradient."""
+    return [(len(completion_text(c)) % 4) / 3 for c in completions]
+
+
+def retry_only_reward(completions, attempt=None, **kwargs) -> list[float]:
+    """0 for first attempts, `length_reward` for retries (`attempt` 2): every row is gated."""
+    if attempt is None:
+        return [0.0] * len(completions)
+    return length_reward(completions)
+
+
+def feedback(completions, **kwargs) -> list[str]:
+    return [f"You wrote {completion_text(c)[:12]!r}." for c in completions]
+
+
+class KeyedSamplingERLTrainer(ERLTrainer):
+    """ERLTrainer whose sampling of a row does not depend on how rows are laid out.
+
+    Each process has its own random stream, so one process with 2B rows and two with B
+    would otherwise sample different completions. Here every row is sampled by the real
+    model (TRL's own generation, temperature 1), alone, with the torch seed set from the
+    step, its prompt tokens and, for first attempts, its index in the global generation
+    batch (copies of one prompt must differ). Reflections and retries are keyed by their
+    prompt alone: their global position shifts with the per-process padding rows.
+    """
+
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
+        first_attempts = num_generations == self.num_generations  # ERL's calls pass 1
+        offset = self.accelerator.process_index * len(prompt_ids)
+        completions = []
+        for i, ids in enumerate(prompt_ids):
+            key = [self.state.global_step, offset + i if first_attempts else -1, *ids]
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(zlib.crc32(str(key).encode()))
+                ids_out, _ = super()._generate_single_turn([ids], None, {}, 1)
+            completions += ids_out
+        return completions, None
+
+
+def train(model_dir: str, out: Path, batch_size: int, gate: str) -> None:
+    rows = get_task("arithmetic").generate(1, 16, seed=0)
+    args = ERLConfig(
+        output_dir=str(out / gate / "trainer"),
+        per_device_train_batch_size=batch_size,
+        num_generations=4,
+        max_completion_length=8,
+        reflection_max_completion_length=8,
+        max_steps=STEPS,
+        learning_rate=1e-2,  # large, so that every step moves the parameters visibly
+        reward_threshold=GATES[gate],
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = KeyedSamplingERLTrainer(
+        model=model_dir,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        reward_funcs=retry_only_reward if gate == "all" else length_reward,
+        feedback_func=feedback,
+    )
+    trainer.train()
+    result = {
+        "world_size": trainer.accelerator.num_processes,
+        "params": {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()},
+        "metrics": [
+            {k: v for k, v in logs.items() if k.startswith("erl/")}
+            for logs in trainer.state.log_history
+            if "erl/r1_mean" in logs
+        ],
+        "memory": [(e.prompt, e.reflection) for e in trainer.memory],
+    }
+    (out / gate).mkdir(parents=True, exist_ok=True)
+    torch.save(result, out / gate / f"rank{trainer.accelerator.process_index}.pt")
+
+
+if __name__ == "__main__":
+    model_dir, out, batch = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    for gate in GATES:
+        train(model_dir, out, batch, gate)

@@ -1,0 +1,283 @@
+"""Several processes (DDP over gloo on CPU): ERL and the curriculum run give what one
+process gives.
+
+The tests launch real processes with `accelerate launch --config_file
+configs/accelerate/ddp.yaml` (the file users launch with: `distributed_type: MULTI_GPU`,
+2 processes; on a CPU-only machine that is torchrun underneath, and `use_cpu=True` makes
+accelerate's MULTI_CPU over gloo). `accelerate launch --cpu` would start ONE process, so
+every test asserts the world size its processes saw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH_TIMEOUT = 900  # seconds; two processes importing torch/trl on a loaded 2-core machine
+
+
+def free_port() -> int:
+    """A free TCP port for the processes' rendezvous (tests may run beside other launches)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_two(*command: str, log: Path) -> subprocess.Popen:
+    """Start `command` (a script and its arguments) in 2 processes with accelerate."""
+    accelerate = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        "configs/accelerate/ddp.yaml",  # the file users launch with: 2 processes, DDP
+        "--main_process_port",
+        str(free_port()),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [*accelerate, *command],
+        cwd=REPO,
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # one process group: a kill reaches the training processes
+    )
+
+
+def run_two(*command: str, log: Path, timeout: int = LAUNCH_TIMEOUT) -> None:
+    process = launch_two(*command, log=log)
+    try:
+        code = process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert code == 0, log.read_text()[-4000:]
+
+
+@pytest.mark.slow
+def test_two_processes_train_erl_like_one_with_twice_the_batch(tiny_model_dir, tmp_path):
+    """2 processes at per-device batch 6 == 1 process at batch 12: parameters, erl/ metrics
+    and memory after 2 steps, with the gate closed, every row gated, and some rows gated.
+
+    Design: 4 generations per prompt and 6 rows per process, so one prompt's group spans
+    both processes (GRPO's sampler gives each a contiguous slice of the same global batch):
+    its retries must be normalised together. Sampling would differ between the layouts
+    (one random stream per process), so `tests/multiprocess_erl.py` samples every row
+    alone with the real model and a seed made from the step, the row's prompt tokens and
+    (first attempts) its global index: the same rows get the same completions in both
+    layouts. The rest is what differs for real: gathers, per-process padding and filler
+    rows, DDP's gradient averaging, the loss normaliser. Adam at lr 1e-2 moves parameters
+    by ~1e-2 a step; normalising retries per process instead gave differences of 3e-2
+    (measured), while float rounding gives ~5e-5.
+    """
+    from multiprocess_erl import GATES, train
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    run_two(
+        "tests/multiprocess_erl.py", tiny_model_dir, str(out / "two"), "6", log=tmp_path / "log"
+    )
+    for gate in GATES:
+        train(tiny_model_dir, out / "one", 12, gate)
+    initial = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
+
+    for gate in GATES:
+        one = torch.load(out / "one" / gate / "rank0.pt")
+        ranks = [torch.load(out / "two" / gate / f"rank{i}.pt") for i in (0, 1)]
+        assert one["world_size"] == 1
+        assert [r["world_size"] for r in ranks] == [2, 2], "accelerate did not start 2 processes"
+        two = ranks[0]
+        for name, value in one["params"].items():
+            assert torch.equal(two["params"][name], ranks[1]["params"][name]), name  # DDP in sync
+            moved = (value - initial[name]).abs().max().item()
+            assert moved > 1e-3, f"{gate}: {name} did not train"
+            torch.testing.assert_close(two["params"][name], value, rtol=0, atol=1e-3, msg=name)
+        # Memory: the same on every rank, and what one process stored, in the same order.
+        assert ranks[0]["memory"] == ranks[1]["memory"] == one["memory"], gate
+        # Metrics: global, so both layouts log the same values.
+        assert len(one["metrics"]) == len(two["metrics"]) == 2
+        for a, b in zip(one["metrics"], two["metrics"]):
+            assert a.keys() == b.keys(), gate
+            for key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (gate, key)
+        gated = [m["erl/gated_fraction"] for m in one["metrics"]]
+        if gate == "closed":
+            assert gated == [0.0, 0.0] and not one["memory"]
+        elif gate == "all":
+            assert gated == [1.0, 1.0]
+            assert all(m["erl/internalization_rows"] > 0 for m in one["metrics"])
+            assert all("erl/internalization_loss" in m for m in one["metrics"])
+        else:
+            assert all(0 < g < 1 for g in gated)
+
+
+# configs/tiny.yaml, shortened (as in tests/test_run.py) and run by 2 processes. The
+# threshold promotes a stage whose first attempts all score the fallback reward (-0.5),
+# which is what a 10-step warm-up gives the tiny model: the test is about the processes
+# agreeing, not about learning. No replay: every first attempt counts for the controller.
+RUN_ARGS = [
+    "--config",
+    "configs/tiny.yaml",
+    "--use_cpu",
+    "true",
+    "--warmup_sft_steps",
+    "10",
+    "--warmup_sft_examples",
+    "200",
+    "--prompts_per_stage",
+    "64",
+    "--eval_prompts",
+    "8",
+    "--per_device_train_batch_size",
+    "8",
+    "--num_generations",
+    "4",
+    "--max_completion_length",
+    "8",
+    "--reflection_max_completion_length",
+    "8",
+    "--promote_threshold",
+    "-0.5",
+    "--promote_window",
+    "8",
+    "--replay_fraction",
+    "0",
+    "--min_stage_steps",
+    "4",
+    "--max_stage_steps",
+    "4",
+    "--max_level",
+    "2",
+    "--save_steps",
+    "2",
+    "--disable_tqdm",
+    "true",
+]
+
+
+def wait_for(predicate, process, timeout) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if process.poll() is not None:
+            return False
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.slow
+def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_model_dir, tmp_path):
+    """`pipeline.run` in 2 processes: both record every process's first attempts (the
+    controller's count is the global one) and decide alike, stage 1 promotes, a SIGKILL of
+    every process in stage 2 leaves a run that `--resume true` finishes without retraining
+    stage 1, each file is written once (one metrics line per step), and the eval reward is
+    the one of all eval prompts on the saved stage model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from curriculum.tasks import get_task
+    from pipeline.evaluation import evaluate_first_attempts
+
+    out = tmp_path / "run"
+    command = [
+        "-m",
+        "pipeline.run",
+        *RUN_ARGS,
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        str(out),
+    ]
+    first_log = tmp_path / "first.log"
+    process = launch_two(*command, log=first_log)
+    try:
+        checkpoints = out / "stage_2" / "checkpoints"
+        in_stage_two = wait_for(
+            lambda: any(checkpoints.glob("checkpoint-*/curriculum_controller.json")),
+            process,
+            timeout=LAUNCH_TIMEOUT,
+        )
+        assert in_stage_two, first_log.read_text()[-4000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # gone already if the run failed early
+            os.killpg(process.pid, signal.SIGKILL)  # the launcher and both training processes
+        process.wait()
+    log = first_log.read_text()
+    assert "2 processes (MULTI_CPU" in log, log[-4000:]
+    assert log.count("[stage 1]") == 1  # the stage summary comes from the main process only
+
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert [s["status"] for s in state["stages"]] == ["promoted", "running"]
+    checkpoint = next(checkpoints.glob("checkpoint-*/curriculum_controller.json"))
+    controller = json.loads(checkpoint.read_text())
+    # 2 processes x 8 first attempts a step: the controller saw both processes' rows.
+    assert controller["reward_count"] == 2 * 8 * controller["stage_steps"] > 0
+    stage_one = {p: p.stat().st_mtime_ns for p in (out / "stage_1").iterdir() if p.is_file()}
+
+    resumed_log = tmp_path / "resumed.log"
+    run_two(*command, "--resume", "true", log=resumed_log)
+    assert "resuming" in resumed_log.read_text()
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] is True
+    assert [(s["stage"], s["status"], s["steps"]) for s in state["stages"]] == [
+        (1, "promoted", 4),
+        (2, "promoted", 4),
+    ]
+    assert {
+        p: p.stat().st_mtime_ns for p in (out / "stage_1").iterdir() if p.is_file()
+    } == stage_one
+    for stage in (1, 2):
+        metrics = [
+            json.loads(line)
+            for line in (out / f"stage_{stage}" / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert [m["stage_step"] for m in metrics if "loss" in m] == [1, 2, 3, 4]
+    assert (out / "final" / "model.safetensors").exists()
+    assert (out / "reward_curve.png").exists() and (out / "generations.jsonl").exists()
+
+    model = AutoModelForCausalLM.from_pretrained(out / "stage_1")
+    tokenizer = AutoTokenizer.from_pretrained(out / "stage_1")
+    evaluation = evaluate_first_attempts(
+        model,
+        tokenizer,
+        get_task("arithmetic"),
+        1,
+        8,
+        max_new_tokens=8,
+        weights={"correctness": 0.7, "milestones": 0.2, "format": 0.1},
+        progress=False,
+    )
+    assert state["stages"][0]["eval_reward"] == pytest.approx(evaluation.mean_reward)
+
+
+def test_unsloth_backend_is_refused_under_several_processes():
+    from pipeline.distributed import backend_for_processes
+
+    with pytest.raises(SystemExit, match="--backend transformers"):
+        backend_for_processes("unsloth", 2)
+    assert backend_for_processes("auto", 2) == "transformers"
+    assert backend_for_processes("unsloth", 1) == "unsloth"
+
+
+def test_processes_that_do_not_form_a_group_are_refused(erl_args, monkeypatch):
+    """torchrun on CPU without use_cpu starts N lone processes: each would train alone."""
+    from pipeline.distributed import check_parallelism
+
+    args = erl_args()
+    assert args.world_size == 1
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit, match="--use_cpu true"):
+        check_parallelism(args)
