@@ -10,12 +10,14 @@ main() reads top to bottom: parse the config -> choose the backend -> load the m
 build the task and rewards -> warm up -> run the stages -> save and plot.
 
 The output folder (a contract other tools rely on):
+    run_config.json            every option the run started with (a resume must match it)
     curriculum_state.json      stages with status, steps, r1_mean, eval_reward, checkpoint
     stage_<k>/                 model or adapter + tokenizer + erl_memory.json + metrics.jsonl
                                + reward_curve.png (loadable with from_pretrained / PeftModel)
     final/                     the final model or adapter + tokenizer
     generations.jsonl          sampled generations with rewards and feedback
     reward_curve.png           r1 and r2 over the run, stage boundaries, eval per stage
+    tensorboard/               event files per stage, with report_to: tensorboard
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ import sys
 from pathlib import Path
 
 from pipeline.backend import activate_backend, unsloth_patches_trainers
-from pipeline.run_config import parse_run_config, peek_backend
+from pipeline.run_config import (
+    VERBOSE_LOG_LEVELS,
+    parse_run_config,
+    peek_backend,
+    peek_log_level,
+    record_or_check_config,
+    resolved_config,
+)
 
 logger = logging.getLogger("pipeline.run")
 
@@ -33,10 +42,15 @@ logger = logging.getLogger("pipeline.run")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quiet = peek_log_level(argv) not in VERBOSE_LOG_LEVELS
+    if quiet:  # torch (through torchao) and bitsandbytes warn about optional CPU kernels
+        for name in ("torch.utils._pytree", "bitsandbytes"):
+            logging.getLogger(name).setLevel(logging.ERROR)
 
     # ---- Config and backend: the backend decides how trl is imported, so it comes first.
     activate_backend(peek_backend(argv))
     run, model_config, curriculum_config, args = parse_run_config(argv)
+    config = resolved_config(run, model_config, curriculum_config, args)
     if run.save_gguf and not unsloth_patches_trainers():
         raise SystemExit("error: --save_gguf needs the unsloth backend on a CUDA GPU")
     if run.save_merged and not model_config.use_lora:
@@ -47,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     from curriculum.controller import CurriculumController
     from curriculum.state import STATE_FILENAME, CurriculumState
     from curriculum.tasks import get_task
-    from pipeline.checkpoints import check_output_dir, save_policy
+    from pipeline.checkpoints import check_output_dir, remove_finished_checkpoints, save_policy
     from pipeline.memory import ReflectionMemory
     from pipeline.model_loading import load_policy
+    from pipeline.run_logging import quiet_libraries
     from pipeline.tiny_model import build_tiny_model
-    from rewards import Scorer, build_feedback_func, build_reward_funcs
+    from rewards import GenerationsLog, Scorer, build_feedback_func, build_reward_funcs
+
+    if quiet:
+        quiet_libraries()
 
     if args.world_size > 1:
         raise SystemExit(
@@ -63,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     output_dir.mkdir(parents=True, exist_ok=True)
     state = CurriculumState.load(output_dir / STATE_FILENAME)
     state.save()  # first thing: a run killed at any point after this can be resumed
+    record_or_check_config(output_dir, config, run.resume)  # a resume must train alike
+    remove_finished_checkpoints(output_dir, state)  # left by a kill after a stage ended
 
     # ---- Task, controller and rewards.
     task = get_task(run.task, **run.task_config)
@@ -70,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     if state.controller:
         controller.load_state_dict(state.controller)
     scorer = Scorer(task)
+    generations_log = GenerationsLog(output_dir, every=run.log_generations_every)
     reward_funcs, args.reward_weights = build_reward_funcs(
         task,
         run.reward_signals,
         fallback=run.fallback_reward,
         length_budget=run.length_budget,
-        log_dir=str(output_dir),
-        log_every=run.log_generations_every,
         scorer=scorer,
+        generations_log=generations_log,
     )
     feedback_func = build_feedback_func(
         task, run.reward_signals, length_budget=run.length_budget, scorer=scorer
@@ -97,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     # ---- Warm-up: teach the answer format on reference solutions (once per run).
     warmup_dir = output_dir / "warmup"
     if run.warmup_sft_steps and restored is None:
+        from pipeline.run_logging import TENSORBOARD_DIR
         from pipeline.warmup import sft_warmup
 
         logger.info(
@@ -113,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             learning_rate=run.warmup_sft_learning_rate,
             args=args,
             output_dir=str(output_dir / ".warmup_trainer"),
+            tensorboard_dir=output_dir / TENSORBOARD_DIR / "warmup",
         )
         save_policy(model, tokenizer, memory, warmup_dir, atomic=True)
 
@@ -131,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             args=args,
             reward_funcs=reward_funcs,
             feedback_func=feedback_func,
+            generations_log=generations_log,
             output_dir=output_dir,
         )
 
