@@ -4,6 +4,7 @@
     python -m pipeline.run --config configs/qwen2.5-1.5b.yaml
     python -m pipeline.run --config configs/tiny.yaml --output_dir runs/x --promote_threshold 0.5
     python -m pipeline.run --config configs/tiny.yaml --output_dir runs/x --resume true
+    python -m pipeline.run --log_level info                  # also print every step's metrics
     python -m pipeline.run --help                            # every option, with its help
 
 main() reads top to bottom: parse the config -> choose the backend -> load the model ->
