@@ -1,15 +1,20 @@
 """Saving and restoring the policy between stages, and finding where a run left off.
 
-Every folder the run writes (warmup/, stage_<k>/, final/) is written to a temporary
-sibling and renamed into place, so a kill never leaves a half-written folder that a
-resume would trust. Each loads with `from_pretrained` (full model) or `PeftModel`
-(adapter), and holds the tokenizer and the reflection memory.
+A kill never leaves a half-written folder that a resume would trust: warmup/ and final/
+are written to a temporary sibling and renamed into place (their existence is the mark),
+and a stage_<k>/ is complete before the state file marks the stage finished (the state is
+the mark). Each loads with `from_pretrained` (full model) or `PeftModel` (adapter), and
+holds the tokenizer and the reflection memory. A running stage's trainer checkpoints live
+in stage_<k>/checkpoints/ and go once the state marks the stage finished (or, after a
+kill in between, when the run resumes).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -17,6 +22,28 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from curriculum.state import STATE_FILENAME
 
 CONTROLLER_FILE = "curriculum_controller.json"
+CHECKPOINTS_DIR = "checkpoints"
+KILL_POINT_ENV = "ERL_TEST_KILL_AT"
+"""Tests only: "<point>:<stage>" makes the run SIGKILL itself at that point."""
+
+
+def kill_point(point: str, stage: int) -> None:
+    """SIGKILL this process when ERL_TEST_KILL_AT names this point of this stage, so that
+    tests can kill a run at exact places of its life instead of racing a timer."""
+    if os.environ.get(KILL_POINT_ENV) == f"{point}:{stage}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stage_checkpoints(output_dir: Path, stage: int) -> Path:
+    """Where the trainer checkpoints of a running stage go."""
+    return output_dir / f"stage_{stage}" / CHECKPOINTS_DIR
+
+
+def remove_finished_checkpoints(output_dir: Path, state) -> None:
+    """Delete the trainer checkpoints of finished stages (a kill can leave them behind)."""
+    for entry in state.stages:
+        if entry.finished:
+            shutil.rmtree(stage_checkpoints(output_dir, entry.stage), ignore_errors=True)
 
 
 def check_output_dir(output_dir: Path, resume: bool) -> None:
@@ -35,8 +62,8 @@ def save_policy(model, tokenizer, memory, folder: Path, *, atomic: bool = False)
     """Write model (or adapter), tokenizer and memory to `folder`.
 
     `atomic` writes a temporary sibling and renames it into place, for folders whose mere
-    existence a resume trusts (warmup/, final/). Stage folders also hold metrics and
-    checkpoints, so they are written in place; the state file marks them finished after.
+    existence a resume trusts (warmup/, final/). Stage folders also hold the metrics, so
+    they are written in place; the state file marks them finished after.
     """
     target = folder.with_name(f".{folder.name}.partial") if atomic else folder
     if atomic and target.exists():

@@ -232,10 +232,15 @@ class RunCurves:
     """Stage number -> (last step, eval reward, label) for stages with an eval reward."""
 
 
-def read_run(output_dir: str | os.PathLike[str]) -> RunCurves:
-    """Read the state file and the stages' metrics; whatever is missing is left out."""
+def read_run(
+    output_dir: str | os.PathLike[str], eval_rewards: dict[int, float] | None = None
+) -> RunCurves:
+    """Read the state file and the stages' metrics; whatever is missing is left out.
+    `eval_rewards` (stage -> value) adds eval rewards the state file does not hold yet."""
     output_dir = Path(output_dir)
     entries, folders = _read_stages(output_dir), _stage_dirs(output_dir)
+    for k, value in (eval_rewards or {}).items():
+        entries[k] = {**entries.get(k, {}), "eval_reward": value}
     metrics = {k: read_metrics(folder / METRICS_FILENAME) for k, folder in folders.items()}
     curves = RunCurves(folders, metrics)
     # Stage k starts where stage k-1 ended (run-global steps) and ends at its last logged
@@ -260,22 +265,32 @@ def read_run(output_dir: str | os.PathLike[str]) -> RunCurves:
     return curves
 
 
-def plot_run(output_dir: str | os.PathLike[str], stages: Iterable[int] | None = None) -> list[Path]:
-    """(Re)draw the run's reward_curve.png and one per existing stage folder (only those in
-    `stages` when given, so that finished stages' files stay untouched); returns the paths
-    written. Never raises on a partial run (missing state or metrics)."""
+def plot_run(
+    output_dir: str | os.PathLike[str],
+    stages: Iterable[int] | None = None,
+    *,
+    eval_rewards: dict[int, float] | None = None,
+    run_curve: bool = True,
+) -> list[Path]:
+    """(Re)draw the run's reward_curve.png (unless `run_curve` is False) and one per
+    existing stage folder (only those in `stages` when given, so that finished stages'
+    files stay untouched); returns the paths written. `eval_rewards`: stage -> eval reward
+    not yet in the state file (a stage is drawn before the state marks it finished).
+    Never raises on a partial run (missing state or metrics)."""
     output_dir = Path(output_dir)
-    curves = read_run(output_dir)
+    curves = read_run(output_dir, eval_rewards)
     history = [record for k in sorted(curves.metrics) for record in curves.metrics[k]]
-    written = [
-        plot_reward_curves(
-            history,
-            output_dir / PLOT_FILENAME,
-            stage_boundaries=curves.boundaries,
-            eval_rewards=[curves.evals[k] for k in sorted(curves.evals)],
-            title=f"ERL reward curves: {output_dir.resolve().name}",
+    written = []
+    if run_curve:
+        written.append(
+            plot_reward_curves(
+                history,
+                output_dir / PLOT_FILENAME,
+                stage_boundaries=curves.boundaries,
+                eval_rewards=[curves.evals[k] for k in sorted(curves.evals)],
+                title=f"ERL reward curves: {output_dir.resolve().name}",
+            )
         )
-    ]
     for k, records in sorted(curves.metrics.items()):
         if stages is not None and k not in stages:
             continue

@@ -4,6 +4,7 @@
     python -m pipeline.run --config configs/qwen2.5-1.5b.yaml
     python -m pipeline.run --config configs/tiny.yaml --output_dir runs/x --promote_threshold 0.5
     python -m pipeline.run --config configs/tiny.yaml --output_dir runs/x --resume true
+    python -m pipeline.run --log_level info                  # also print every step's metrics
     python -m pipeline.run --help                            # every option, with its help
     accelerate launch --config_file configs/accelerate/ddp.yaml -m pipeline.run \
         --config configs/qwen2.5-1.5b.yaml --backend transformers   # several GPUs (DDP)
@@ -12,12 +13,14 @@ main() reads top to bottom: parse the config -> choose the backend -> load the m
 build the task and rewards -> warm up -> run the stages -> save and plot.
 
 The output folder (a contract other tools rely on):
+    run_config.json            every option the run started with (a resume must match it)
     curriculum_state.json      stages with status, steps, r1_mean, eval_reward, checkpoint
     stage_<k>/                 model or adapter + tokenizer + erl_memory.json + metrics.jsonl
                                + reward_curve.png (loadable with from_pretrained / PeftModel)
     final/                     the final model or adapter + tokenizer
     generations.jsonl          sampled generations with rewards and feedback
     reward_curve.png           r1 and r2 over the run, stage boundaries, eval per stage
+    tensorboard/               event files per stage, with report_to: tensorboard
 """
 
 from __future__ import annotations
@@ -27,19 +30,32 @@ import sys
 from pathlib import Path
 
 from pipeline.backend import activate_backend, unsloth_patches_trainers
-from pipeline.run_config import parse_run_config, peek_backend
+from pipeline.run_config import (
+    VERBOSE_LOG_LEVELS,
+    parse_run_config,
+    peek_backend,
+    peek_log_level,
+    record_or_check_config,
+    resolved_config,
+)
 
 logger = logging.getLogger("pipeline.run")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    quiet = peek_log_level(argv) not in VERBOSE_LOG_LEVELS
+    if quiet:  # torch (through torchao) and bitsandbytes warn about optional CPU kernels
+        for name in ("torch.utils._pytree", "bitsandbytes"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
     # ---- Config and backend: the backend decides how trl is imported, so it comes first.
     from pipeline import distributed
 
     processes = distributed.launched_processes()
     activate_backend(distributed.backend_for_processes(peek_backend(argv), processes))
     run, model_config, curriculum_config, args = parse_run_config(argv)
+    config = resolved_config(run, model_config, curriculum_config, args)
     distributed.check_parallelism(args)
     main_process = distributed.is_main_process()  # the one that writes the run's files
     logging.basicConfig(
@@ -57,11 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     from curriculum.controller import CurriculumController
     from curriculum.state import STATE_FILENAME
     from curriculum.tasks import get_task
-    from pipeline.checkpoints import check_output_dir, save_policy
+    from pipeline.checkpoints import check_output_dir, remove_finished_checkpoints, save_policy
     from pipeline.memory import ReflectionMemory
     from pipeline.model_loading import load_policy
+    from pipeline.run_logging import quiet_libraries
     from pipeline.tiny_model import build_tiny_model
-    from rewards import Scorer, build_feedback_func, build_reward_funcs
+    from rewards import GenerationsLog, Scorer, build_feedback_func, build_reward_funcs
+
+    if quiet:
+        quiet_libraries()
 
     output_dir = Path(args.output_dir)
     check_output_dir(output_dir, run.resume)
@@ -70,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         output_dir.mkdir(parents=True, exist_ok=True)
     state = distributed.load_curriculum_state(output_dir / STATE_FILENAME)
     state.save()  # first thing: a run killed at any point after this can be resumed
+    # A resume must train alike: every process checks, the main one records.
+    record_or_check_config(output_dir, config, run.resume, write=main_process)
+    if main_process:
+        remove_finished_checkpoints(output_dir, state)  # left by a kill after a stage ended
 
     # ---- Task, controller and rewards.
     task = get_task(run.task, **run.task_config)
@@ -77,14 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     if state.controller:
         controller.load_state_dict(state.controller)
     scorer = Scorer(task)
+    generations_log = (
+        GenerationsLog(output_dir, every=run.log_generations_every) if main_process else None
+    )
     reward_funcs, args.reward_weights = build_reward_funcs(
         task,
         run.reward_signals,
         fallback=run.fallback_reward,
         length_budget=run.length_budget,
-        log_dir=str(output_dir) if main_process else None,  # generations.jsonl
-        log_every=run.log_generations_every,
         scorer=scorer,
+        generations_log=generations_log,
     )
     feedback_func = build_feedback_func(
         task, run.reward_signals, length_budget=run.length_budget, scorer=scorer
@@ -105,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     # ---- Warm-up: teach the answer format on reference solutions (once per run).
     warmup_dir = output_dir / "warmup"
     if run.warmup_sft_steps and restored is None:
+        from pipeline.run_logging import TENSORBOARD_DIR
         from pipeline.warmup import sft_warmup
 
         logger.info(
@@ -121,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             learning_rate=run.warmup_sft_learning_rate,
             args=args,
             output_dir=str(output_dir / ".warmup_trainer"),
+            tensorboard_dir=output_dir / TENSORBOARD_DIR / "warmup",
         )
         if main_process:
             save_policy(model, tokenizer, memory, warmup_dir, atomic=True)
@@ -140,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             args=args,
             reward_funcs=reward_funcs,
             feedback_func=feedback_func,
+            generations_log=generations_log,
             output_dir=output_dir,
         )
 

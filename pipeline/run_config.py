@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,20 +122,116 @@ def _mapping(name: str, value: Any) -> dict:
     return value
 
 
+def _peek(argv: list[str], name: str) -> str | None:
+    """Option `name` from the command line, else from the recipe, before parsing."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config")
+    parser.add_argument(f"--{name}")
+    known, _ = parser.parse_known_args(argv)
+    if getattr(known, name):
+        return getattr(known, name)
+    if known.config and Path(known.config).exists():
+        recipe = yaml.safe_load(Path(known.config).read_text()) or {}
+        if isinstance(recipe, dict) and recipe.get(name):
+            return str(recipe[name])
+    return None
+
+
 def peek_backend(argv: list[str]) -> str:
     """The `backend` option from the command line or the recipe, read before trl is imported
     (the backend decides how trl is imported)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--config")
-    parser.add_argument("--backend")
-    known, _ = parser.parse_known_args(argv)
-    if known.backend:
-        return known.backend
-    if known.config and Path(known.config).exists():
-        recipe = yaml.safe_load(Path(known.config).read_text()) or {}
-        if isinstance(recipe, dict) and recipe.get("backend"):
-            return str(recipe["backend"])
-    return os.environ.get("ERL_BACKEND", "auto")
+    return _peek(argv, "backend") or os.environ.get("ERL_BACKEND", "auto")
+
+
+# transformers' `log_level` values that bring back the per-step metric dictionaries.
+VERBOSE_LOG_LEVELS = ("info", "debug")
+
+
+def peek_log_level(argv: list[str]) -> str:
+    """The `log_level` option, read before the libraries that print on import load."""
+    return _peek(argv, "log_level") or "passive"
+
+
+# ---- The configuration a run started with ---------------------------------------------
+
+CONFIG_FILENAME = "run_config.json"
+
+# Options a resume may change: where and how much the run logs, checkpoint frequency,
+# exports, and the stage step budget. Anything else would make the resumed stages train
+# differently from the ones before, so a resume with another value is refused.
+RESUME_SAFE_OPTIONS = frozenset(
+    {
+        "resume",
+        "output_dir",
+        "max_stage_steps",
+        "log_level",
+        "log_level_replica",
+        "disable_tqdm",
+        "logging_strategy",
+        "logging_steps",
+        "logging_first_step",
+        "report_to",
+        "run_name",
+        "project",
+        "trackio_space_id",
+        "log_completions",
+        "num_completions_to_print",
+        "log_generations_every",
+        "save_steps",
+        "save_total_limit",
+        "save_merged",
+        "save_gguf",
+    }
+)
+
+
+def resolved_config(run, model, curriculum, args) -> dict[str, Any]:
+    """Every option of the run after the recipe and overrides, as JSON values (option
+    names are unique across the four dataclasses)."""
+    from dataclasses import asdict
+
+    options = {**asdict(run), **asdict(model), **asdict(curriculum), **args.to_dict()}
+    return _json_values(json.loads(json.dumps(options, default=str)))
+
+
+def _json_values(value: Any) -> Any:
+    """`value` with NaN and infinities as text: strict JSON has no place for them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _json_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_values(v) for v in value]
+    return value
+
+
+def record_or_check_config(
+    output_dir: Path, config: dict[str, Any], resume: bool, write: bool = True
+) -> None:
+    """Save `config` as the run's run_config.json (when `write`: the main process), or, on a
+    resume, refuse it if an option outside RESUME_SAFE_OPTIONS differs from the one the run
+    started with."""
+    from curriculum.state import atomic_write_json
+
+    path = output_dir / CONFIG_FILENAME
+    if resume and path.exists():
+        started = json.loads(path.read_text())
+        differing = sorted(
+            key
+            for key in set(started) | set(config)
+            if key not in RESUME_SAFE_OPTIONS and started.get(key) != config.get(key)
+        )
+        if differing:
+            lines = [f"  {key}: {started.get(key)!r} -> {config.get(key)!r}" for key in differing]
+            raise SystemExit(
+                f"error: --resume: the run in {output_dir} started with other options "
+                f"({path}):\n" + "\n".join(lines) + "\nResume with the same recipe and "
+                "options, or start a new run in another --output_dir. Options a resume may "
+                f"change: {', '.join(sorted(RESUME_SAFE_OPTIONS))}."
+            )
+        return
+    if write:
+        atomic_write_json(path, config)
 
 
 def parse_run_config(argv: list[str]):

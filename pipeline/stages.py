@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 from curriculum.controller import CurriculumController
 from curriculum.state import atomic_write_json
 from curriculum.tasks import Task
-from pipeline.checkpoints import CONTROLLER_FILE
+from pipeline.checkpoints import CONTROLLER_FILE, kill_point
 from pipeline.distributed import all_processes, is_main_process, wait_for_everyone
 from pipeline.plots import read_metrics
 
@@ -57,6 +57,7 @@ class CurriculumCallback(TrainerCallback):
     ) -> None:
         self.trainer = trainer
         self.controller = controller
+        self.stage = controller.stage
         self.metrics_path = stage_dir / METRICS_FILE
         self.step_offset = step_offset
         # r2 of the steps logged before a resume count too (truncate_metrics ran first).
@@ -77,6 +78,8 @@ class CurriculumCallback(TrainerCallback):
         if self.controller.should_stop_stage():
             control.should_training_stop = True
             control.should_save = False  # the stage folder is saved next; no checkpoint needed
+        if state.global_step == 1:
+            kill_point("first_step", self.stage)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if control.should_training_stop:
@@ -102,6 +105,7 @@ class CurriculumCallback(TrainerCallback):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if checkpoint.exists() and state.is_world_process_zero:
             atomic_write_json(checkpoint / CONTROLLER_FILE, self.controller.state_dict())
+            kill_point("checkpoint", self.stage)
 
     def r2_mean(self) -> float | None:
         values = [v for v in self.r2_values if math.isfinite(v)]
@@ -134,28 +138,43 @@ def run_stage(
     args,
     reward_funcs,
     feedback_func,
+    generations_log,
     output_dir: Path,
 ) -> None:
-    """Train the controller's running stage to its end, evaluate, save, record and plot."""
-    from pipeline.checkpoints import latest_trainer_checkpoint, read_controller_state, save_policy
+    """Train the controller's running stage to its end, evaluate, save, record and plot.
+
+    The order keeps a killed run resumable: the stage folder is complete (policy, metrics,
+    plot) before the state file marks the stage finished, and untouched after; until then
+    a resume continues the stage from its latest trainer checkpoint.
+    """
+    from pipeline.checkpoints import (
+        latest_trainer_checkpoint,
+        read_controller_state,
+        save_policy,
+        stage_checkpoints,
+    )
     from pipeline.erl_trainer import ERLTrainer
     from pipeline.evaluation import evaluate_first_attempts
     from pipeline.plots import plot_run
+    from pipeline.run_logging import show_stage_progress, verbose
 
     stage, level = controller.stage, controller.level
     state.start_stage(level, controller.state_dict())  # the running entry, when resuming
     stage_dir = output_dir / f"stage_{stage}"
     stage_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = latest_trainer_checkpoint(stage_dir / "checkpoints")
+    checkpoints = stage_checkpoints(output_dir, stage)
+    checkpoint = latest_trainer_checkpoint(checkpoints)
     if checkpoint is not None:  # an interrupted stage: continue where its checkpoint left off
         controller.load_state_dict(read_controller_state(checkpoint))
     if is_main_process():
         truncate_metrics(stage_dir, controller.stage_steps)
     step_offset = sum(s.steps for s in state.stages if s.finished)
+    if generations_log is not None:  # the main process's
+        generations_log.start_stage(stage, step_offset, controller.stage_steps)
 
     trainer = ERLTrainer(
         model=model,
-        args=stage_args(args, stage_dir / "checkpoints", controller.config.max_stage_steps),
+        args=stage_args(args, checkpoints, controller.config.max_stage_steps),
         train_dataset=stage_dataset(
             task, controller, run.prompts_per_stage, stage_seed(args.seed, stage)
         ),
@@ -166,7 +185,9 @@ def run_stage(
     trainer.memory = memory  # one memory for the whole run; checkpoints save and restore it
     callback = CurriculumCallback(trainer, controller, stage_dir, step_offset)
     trainer.add_callback(callback)
+    show_stage_progress(trainer, args, controller, output_dir)  # instead of per-step dicts
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    kill_point("trained", stage)
     steps = controller.stage_steps
     decision = controller.end_stage()
 
@@ -181,10 +202,14 @@ def run_stage(
             run.eval_prompts,
             max_new_tokens=args.max_completion_length,
             weights=run.reward_signals,
-            progress=not args.disable_tqdm,
+            progress=verbose(args.log_level) and not args.disable_tqdm,
         )
+    kill_point("evaluated", stage)
+    eval_reward = evaluation.mean_reward if evaluation else None
     if main_process:
         save_policy(model, tokenizer, memory, stage_dir)
+        plot_run(output_dir, stages=[stage], eval_rewards={stage: eval_reward}, run_curve=False)
+    kill_point("saved", stage)
     state.finish_stage(
         stage,
         decision.status,
@@ -192,15 +217,16 @@ def run_stage(
         r1_mean=decision.r1_mean,
         controller=controller.state_dict(),
         run_finished=decision.finished,
-        eval_reward=evaluation.mean_reward if evaluation else None,
+        eval_reward=eval_reward,
         checkpoint=stage_dir.name,
         r2_mean=callback.r2_mean(),
         action=decision.action,
         next_level=decision.next_level,
     )
-    if main_process:  # a finished stage never resumes: its trainer checkpoints go
-        shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
-        plot_run(output_dir, stages=[stage])
+    kill_point("recorded", stage)
+    if main_process:
+        shutil.rmtree(checkpoints, ignore_errors=True)  # a finished stage never resumes
+        plot_run(output_dir, stages=[])
     wait_for_everyone()
     logger.info(_summary(stage, level, steps, decision, callback.r2_mean(), evaluation))
 

@@ -8,11 +8,19 @@ loss covers the completion only.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from curriculum.tasks import Task
+from pipeline.run_logging import (
+    TENSORBOARD_DIR,
+    RunProgress,
+    show_progress,
+    verbose,
+    warmup_postfix,
+)
 
 
 def reference_dataset(task: Task, level: int, n: int, seed: int) -> Dataset:
@@ -41,10 +49,13 @@ def sft_warmup(
     learning_rate: float,
     args,
     output_dir: str,
+    tensorboard_dir: Path | None = None,
 ) -> list[dict]:
     """Train `model` in place for `steps` SFT steps; returns the trainer's log history.
 
-    `args` (the run's ERLConfig) lends the device and precision settings and `report_to`.
+    `args` (the run's ERLConfig) lends the device and precision settings, `report_to`
+    (TensorBoard events go to `tensorboard_dir`) and the console settings: a progress bar
+    unless `disable_tqdm`, the logged dictionaries too at `log_level` info or debug.
     """
     config = SFTConfig(
         output_dir=output_dir,
@@ -69,5 +80,12 @@ def sft_warmup(
     trainer = SFTTrainer(
         model=model, args=config, train_dataset=dataset, processing_class=tokenizer
     )
+    progress = RunProgress(
+        "warm-up",
+        warmup_postfix,
+        bar=not args.disable_tqdm,
+        print_logs=verbose(args.log_level),
+    )
+    show_progress(trainer, progress, tensorboard_dir or Path(output_dir) / TENSORBOARD_DIR)
     trainer.train()
     return trainer.state.log_history

@@ -1,9 +1,13 @@
 """`generations.jsonl`: a few sampled completions with their rewards, every N reward calls.
 
 As in the seed script (`training_logs/generations.jsonl`, every 20 reward calls): reading
-what the model actually writes is the fastest way to see a reward being gamed. Each record
-is one JSON line appended with a single `os.write` on an `O_APPEND` descriptor, so lines
-from several processes (or a crash mid-run) never interleave or tear a line.
+what the model actually writes is the fastest way to see a reward being gamed. Every
+`every`-th batch of first attempts is sampled, and so is the batch of retries that
+follows it (records with `"attempt": 2`); the samples of a batch come from different
+prompts where the batch has several. In a curriculum run each record also carries its
+`stage` and the run-global `step`. Each record is one JSON line appended with a single
+`os.write` on an `O_APPEND` descriptor, so lines from several processes (or a crash
+mid-run) never interleave or tear a line.
 """
 
 from __future__ import annotations
@@ -30,26 +34,86 @@ class GenerationsLog:
         self.path = os.path.join(os.fspath(log_dir), FILENAME)
         self.every = every
         self.samples = samples
+        self.stage: int | None = None
+        """The curriculum stage being trained (None outside a curriculum run)."""
+        self.step_offset = 0
+        """Steps of the run before this stage: a trainer's global_step restarts per stage."""
         self._last_batch: int | None = None
+        self._first_attempt_batches = 0
+        self._logged_first_attempts = False
 
-    def due(self, batch_index: int) -> bool:
+    def start_stage(self, stage: int, step_offset: int, stage_step: int = 0) -> None:
+        """Tag the following records with `stage` and run-global steps; drop records a
+        resumed stage will write again (those of this stage from `stage_step` on)."""
+        self.stage, self.step_offset = stage, step_offset
+        if not os.path.exists(self.path):
+            return
+        with open(self.path, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.readlines()
+        kept = [line for line in lines if _kept(line, stage, stage_step)]
+        if len(kept) != len(lines):
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+                f.writelines(kept)
+            os.replace(tmp, self.path)
+
+    def due(self, batch_index: int, retry: bool = False) -> bool:
         """Whether batch `batch_index` (0, 1, ...) is one to log and has not been logged yet.
 
-        Batches 0, `every`, 2·`every`, ... are logged, so the first call already shows
-        whether logging works.
+        First-attempt batches 0, `every`, 2·`every`, ... are logged (so the first call
+        already shows whether logging works), and a retry batch when the first attempts
+        before it were.
         """
-        return batch_index % self.every == 0 and batch_index != self._last_batch
+        if batch_index == self._last_batch:
+            return False
+        if retry:
+            return self._logged_first_attempts
+        due = self._first_attempt_batches % self.every == 0
+        self._first_attempt_batches += 1
+        self._logged_first_attempts = due
+        if not due:
+            self._last_batch = batch_index
+        return due
+
+    def pick(self, prompts: list[Any]) -> list[int]:
+        """Up to `samples` row indices, each from a different prompt while there are any
+        (GRPO repeats each prompt `num_generations` times in a row)."""
+        seen, first, rest = set(), [], []
+        for i, prompt in enumerate(prompts):
+            key = json.dumps(prompt, sort_keys=True, default=repr)
+            (rest if key in seen else first).append(i)
+            seen.add(key)
+        return (first + rest)[: self.samples]
 
     def write(self, batch_index: int, records: list[dict[str, Any]]) -> None:
-        """Append `records` (one JSON line each) and mark `batch_index` as logged."""
+        """Append `records` (one JSON line each) and mark `batch_index` as logged. A record's
+        `step` (the trainer's global_step) becomes run-global, and its `stage` is added."""
         self._last_batch = batch_index
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             for record in records:
+                if self.stage is not None:
+                    stage_step = record.get("step")
+                    record = {"stage": self.stage, **record, "stage_step": stage_step}
+                    if stage_step is not None:
+                        record["step"] = self.step_offset + stage_step
                 os.write(fd, (to_json_line(record)).encode("utf-8"))
         finally:
             os.close(fd)
+
+
+def _kept(line: str, stage: int, stage_step: int) -> bool:
+    """Whether a record survives a resume of `stage` from `stage_step`."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False  # a line torn by a kill
+    if not isinstance(record, dict) or record.get("stage") is None:
+        return True
+    if record["stage"] != stage:
+        return record["stage"] < stage
+    return isinstance(record.get("stage_step"), int) and record["stage_step"] < stage_step
 
 
 def to_json_line(record: dict[str, Any]) -> str:

@@ -98,19 +98,23 @@ def build_reward_funcs(
     log_every: int = 20,
     log_samples: int = 2,
     scorer: Scorer | None = None,
+    generations_log: GenerationsLog | None = None,
 ) -> tuple[list[RewardFunc], list[float]]:
     """One TRL reward function per weighted signal, and the weights in the same order.
 
     `weights` maps signal names (the task's `signals` plus `length`) to finite weights.
     `log_dir` set: every `log_every`-th batch, `log_samples` completions go to
-    `<log_dir>/generations.jsonl`. `scorer`: a `Scorer` to share with `build_feedback_func`.
+    `<log_dir>/generations.jsonl`; or pass your own `generations_log` (the curriculum run
+    tells its log the stage). `scorer`: a `Scorer` to share with `build_feedback_func`.
     """
     weights = check_weights(task, weights)
     if not _is_number(fallback) or not math.isfinite(fallback):
         raise ValueError(f"fallback must be a finite number, got {fallback!r}")
     check_length_budget(length_budget)
     scorer = shared_scorer(task, scorer)
-    log = GenerationsLog(log_dir, log_every, log_samples) if log_dir is not None else None
+    log = generations_log
+    if log is None and log_dir is not None:
+        log = GenerationsLog(log_dir, log_every, log_samples)
     fallback = float(fallback)
     feedback_targets = feedback_scope(weights, length_budget)
 
@@ -124,7 +128,7 @@ def build_reward_funcs(
         state = kwargs.get("trainer_state")
         step = state.global_step if state is not None else None
         records = []
-        for i in range(min(log.samples, len(batch.results))):
+        for i in log.pick([row["prompt"] for row in batch.rows]):
             row, text, scored = batch.rows[i], batch.texts[i], batch.results[i]
             breakdown = {
                 s: _signal_value(scored, text, s, fallback, length_budget) for s in weights
@@ -145,7 +149,9 @@ def build_reward_funcs(
 
         def reward(completions: list[Any], **kwargs: Any) -> list[float]:
             batch = scorer.score(name, completions, kwargs)
-            if log is not None and log.due(batch.index):
+            # ERLTrainer scores retries with an `attempt` column of 2s.
+            retry = 2 in kwargs.get("attempt", ())
+            if log is not None and log.due(batch.index, retry=retry):
                 write_samples(batch, kwargs)
             return signal_values(batch, signal)
 

@@ -83,6 +83,48 @@ def test_notebook_is_valid_with_badge_install_and_parameters():
     assert resume and "RESUME" in resume[0].source
 
 
+def test_the_first_cell_says_what_to_edit_while_the_url_is_a_placeholder():
+    nb = read_notebook()
+    title = nb.cells[0].source
+    (install,) = tagged(nb, "install")
+    repo_url = re.search(r'^REPO_URL = "([^"]+)"', install.source, flags=re.M)[1]
+    badge = re.search(rf"\(({re.escape(COLAB_LINK)}[^)]+)\)", title)[1]
+    # Both stay placeholders until the public URL is known; then both change together.
+    assert ("OWNER" in repo_url) == ("/OWNER/" in badge)
+    if "OWNER" in repo_url:
+        assert repo_url == "https://github.com/OWNER/erl-curriculum"
+        assert "placeholder" in title and "`REPO_URL`" in title and "`OWNER`" in title
+        assert "OWNER is a placeholder" in install.source
+
+
+def test_the_install_cell_pins_exactly_what_pyproject_pins():
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+
+    def pins(requirements):
+        parsed = [Requirement(r) for r in requirements]
+        return {canonicalize_name(r.name): r.specifier for r in parsed if r.specifier}
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (install,) = tagged(read_notebook(), "install")
+    (assignment,) = [
+        node
+        for node in ast.parse(install.source).body
+        if isinstance(node, ast.Assign) and node.targets[0].id == "PINS"
+    ]
+    notebook_pins = ast.literal_eval(assignment.value)
+    assert pins(notebook_pins) == pins(project["dependencies"])
+    assert len(notebook_pins) == len(pins(notebook_pins))  # no package pinned twice
+    assert {"unsloth", "trl", "transformers"} <= set(pins(notebook_pins))
+    # ... and the pip call installs them.
+    assert re.search(r'^    packages = \["-e", "."\] \+ PINS \+', install.source, flags=re.M)
+
+
 def test_parameter_defaults_are_the_recipe_values():
     """The parameters cell passes these on top of the recipe: they must not drift apart."""
     (parameters,) = tagged(read_notebook(), "parameters")

@@ -125,6 +125,21 @@ def test_plot_run_draws_the_run_and_every_stage(tmp_path):
     assert curves.evals == {1: (12, 0.75, "eval 0.75"), 2: (20, 0.5, "eval 0.50")}
 
 
+def test_a_stage_is_drawn_with_its_eval_before_the_state_marks_it_finished(tmp_path):
+    stages = [_stage(1, 1, 12, 0.75), _stage(2, 2, 0, None, status="running")]
+    _write_run(tmp_path, stages, {1: _history(1, 12), 2: _history(13, 20)})
+    stage_one = (tmp_path / "stage_1" / PLOT_FILENAME).exists()
+
+    written = plot_run(tmp_path, stages=[2], eval_rewards={2: 0.25}, run_curve=False)
+
+    assert written == [tmp_path / "stage_2" / PLOT_FILENAME]  # nothing else touched
+    assert (tmp_path / "stage_1" / PLOT_FILENAME).exists() == stage_one
+    assert not (tmp_path / PLOT_FILENAME).exists()
+    _assert_png(written[0])
+    assert read_run(tmp_path, {2: 0.25}).evals[2] == (20, 0.25, "eval 0.25")
+    assert 2 not in read_run(tmp_path).evals
+
+
 def test_plot_run_uses_state_step_counts_when_metrics_are_missing(tmp_path):
     stages = [_stage(1, 1, 30, 0.9), _stage(2, 2, 5, None, status="running")]
     _write_run(tmp_path, stages, {1: None, 2: None})  # stage folders, no metrics files

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from pipeline.checkpoints import KILL_POINT_ENV
+from pipeline.plots import read_metrics
 from pipeline.run import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,12 +106,32 @@ def test_help_lists_every_option_with_its_help(capsys):
         assert option in text and help_words in text
 
 
+def tensorboard_scalars(folder: Path) -> set[str]:
+    """The scalar tags in the TensorBoard event files of `folder`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return set(events.Tags()["scalars"])
+
+
 @pytest.mark.slow
-def test_tiny_run_writes_the_output_contract(tiny_model_dir, tmp_path):
+def test_tiny_run_writes_the_output_contract(tiny_model_dir, tmp_path, capfd, caplog):
     from transformers import AutoModelForCausalLM
 
+    # report_to from a recipe, offline; the progress bars on, as a user sees them.
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        Path(TINY_RECIPE).read_text().replace("report_to: none", "report_to: tensorboard")
+    )
     out = tmp_path / "run"
-    assert main(run_args(tiny_model_dir, out)) == 0
+    argv = run_args(tiny_model_dir, out, "--disable_tqdm", "false", "--log_generations_every", "2")
+    argv[1] = str(recipe)
+    capfd.readouterr()
+    caplog.set_level(logging.INFO, logger="pipeline.run")  # pytest holds the root handler
+    assert main(argv) == 0
+    console = capfd.readouterr()
+    console = console.out + console.err + caplog.text
 
     state = json.loads((out / "curriculum_state.json").read_text())
     assert state["finished"] is True and state["current_stage"] == len(state["stages"])
@@ -123,84 +146,124 @@ def test_tiny_run_writes_the_output_contract(tiny_model_dir, tmp_path):
         assert (stage_dir / "erl_memory.json").exists() and (
             stage_dir / "tokenizer_config.json"
         ).exists()
-        metrics = [
-            json.loads(line) for line in (stage_dir / "metrics.jsonl").read_text().splitlines()
-        ]
+        metrics = read_metrics(stage_dir / "metrics.jsonl")
         assert [m["stage_step"] for m in metrics if "loss" in m] == list(
             range(1, entry["steps"] + 1)
         )
         assert (stage_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert not (stage_dir / "checkpoints").exists()
+        # Every report_to sink gets the full metrics: TensorBoard, one run per stage.
+        scalars = tensorboard_scalars(out / "tensorboard" / entry["checkpoint"])
+        assert {"train/erl/r1_mean", "train/erl/gated_fraction", "train/loss"} <= scalars
+    assert "train/loss" in tensorboard_scalars(out / "tensorboard" / "warmup")
     AutoModelForCausalLM.from_pretrained(out / "final")
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["report_to"] == ["tensorboard"] and config["max_stage_steps"] == 4
+
+    # generations.jsonl: stage and run-global step; first attempts and their retries;
+    # the two samples of a batch from different prompts.
     generations = [
         json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()
     ]
-    assert generations and {"step", "level", "completion", "reward", "feedback", "attempt"} <= set(
+    assert {"stage", "step", "level", "completion", "reward", "feedback", "attempt"} <= set(
         generations[0]
     )
-    assert {g["attempt"] for g in generations} <= {1, 2}
+    stage_one_steps = state["stages"][0]["steps"]
+    assert {(g["stage"], g["step"]) for g in generations if g["attempt"] == 1} == {
+        (1, 0),
+        (1, 2),
+        (2, stage_one_steps),
+        (2, stage_one_steps + 2),
+    }
+    assert {g["attempt"] for g in generations} == {1, 2}  # the tiny model always retries
+    batches = {}
+    for g in generations:
+        batches.setdefault((g["stage"], g["step"], g["attempt"]), []).append(g["prompt"])
+    assert all(len(p) == 2 and p[0] != p[1] for p in batches.values()), batches
+
+    # The console: a bar per stage and the warm-up, the stage lines, warnings; no dicts.
+    for stage in (1, 2):
+        assert f"stage {stage} · level {stage} " in console
+        assert re.search(rf"\[stage {stage}\] level {stage} \| \d steps \| r1 ", console)
+    assert "warm-up 10/10" in console and "r1=" in console and "gated=" in console
+    assert "s/step" in console
+    assert "'loss'" not in console and "completions/mean_length" not in console, console
+    fallback = [
+        m.get("rewards/fallback_rate", 0.0)
+        for m in read_metrics(out / "stage_1" / "metrics.jsonl")
+        if "loss" in m
+    ]
+    warned = "[stage 1] warning: " in console and "fallback reward" in console
+    assert warned == (sum(fallback[-10:]) / len(fallback[-10:]) > 0.05)
 
     # A finished run's folder is not overwritten by accident.
     with pytest.raises(SystemExit, match="--resume"):
         main(run_args(tiny_model_dir, out))
 
 
-def _wait_for(predicate, process, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        if process.poll() is not None:
-            return False
-        time.sleep(0.2)
-    return False
+# Kill points, in the order a run passes them: (point, stage). Each process of the test
+# below is SIGKILLed at one of them and the next one resumes the folder.
+KILL_POINTS = [
+    ("trained", 1),  # after the stage's last step
+    ("evaluated", 1),  # after its evaluation
+    ("saved", 1),  # after its folder was written
+    ("recorded", 1),  # after the state file marked it finished
+    ("first_step", 2),  # the next stage, before its first checkpoint
+    ("checkpoint", 2),  # right after that checkpoint
+]
+
+
+def stage_files(folder: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in folder.iterdir() if p.is_file()}
 
 
 @pytest.mark.slow
-def test_sigkill_in_stage_two_then_resume(tiny_model_dir, tmp_path):
-    """Kill a run in the middle of stage 2, resume it: it finishes, stage 1 is not
-    rewritten, and the history has one entry per stage."""
+def test_sigkill_at_every_stage_boundary_then_resume(tiny_model_dir, tmp_path):
+    """SIGKILL a run at each boundary of a stage's end and of the next stage's start,
+    resuming after each: whenever the state says a stage is finished its folder is
+    complete, a finished stage is never retrained or rewritten, and the last resume
+    finishes the run."""
     out = tmp_path / "run"
     command = [
         sys.executable,
         "-m",
         "pipeline.run",
-        *run_args(
-            tiny_model_dir,
-            out,
-            "--use_lora",
-            "true",
-            "--lora_r",
-            "4",
-            "--min_stage_steps",
-            "6",
-            "--max_stage_steps",
-            "6",
-        ),
+        *run_args(tiny_model_dir, out, "--use_lora", "true", "--lora_r", "4"),
+        *["--warmup_sft_steps", "2", "--per_device_train_batch_size", "8"],
+        *["--min_stage_steps", "2", "--max_stage_steps", "2", "--save_steps", "1"],
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    log = open(tmp_path / "first.log", "w")
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        in_stage_two = _wait_for(
-            lambda: any(
-                (out / "stage_2" / "checkpoints").glob("checkpoint-*/curriculum_controller.json")
-            ),
-            process,
+    finished_files: dict[int, dict[Path, int]] = {}
+    for i, (point, stage) in enumerate(KILL_POINTS):
+        resume = ["--resume", "true"] if i else []
+        verbose = ["--log_level", "info"] if point == "evaluated" else []  # safe to change
+        killed = subprocess.run(
+            [*command, *resume, *verbose],
+            cwd=REPO,
+            env={**env, KILL_POINT_ENV: f"{point}:{stage}"},
+            capture_output=True,
+            text=True,
             timeout=600,
         )
-        assert in_stage_two, (tmp_path / "first.log").read_text()[-3000:]
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-    finally:
-        if process.poll() is None:
-            process.kill()
-    state = json.loads((out / "curriculum_state.json").read_text())
-    assert [s["status"] for s in state["stages"]] == ["plateau", "running"] or [
-        s["status"] for s in state["stages"]
-    ] == ["promoted", "running"]
-    stage_one = {p: p.stat().st_mtime_ns for p in (out / "stage_1").iterdir() if p.is_file()}
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-3000:])
+        printed = killed.stdout + killed.stderr
+        assert ("'loss'" in printed) == bool(verbose), point  # the dicts only when asked
+        state = json.loads((out / "curriculum_state.json").read_text())
+        finished = [s["status"] != "running" for s in state["stages"]]
+        assert finished == {1: [False], 2: [True, False]}[stage] or (
+            point == "recorded" and finished == [True]
+        ), (point, state)
+        for entry in state["stages"]:
+            if entry["status"] == "running":
+                continue
+            folder = out / entry["checkpoint"]
+            names = {p.name for p in folder.iterdir()}
+            assert {"adapter_model.safetensors", "adapter_config.json", "erl_memory.json"} <= names
+            assert {"tokenizer_config.json", "metrics.jsonl", "reward_curve.png"} <= names
+            # Never retrained nor rewritten once finished.
+            before = finished_files.setdefault(entry["stage"], stage_files(folder))
+            assert stage_files(folder) == before, point
 
     resumed = subprocess.run(
         [*command, "--resume", "true", "--save_merged", "true"],
@@ -208,21 +271,19 @@ def test_sigkill_in_stage_two_then_resume(tiny_model_dir, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=600,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming" in resumed.stderr + resumed.stdout
     state = json.loads((out / "curriculum_state.json").read_text())
     assert state["finished"] is True
     assert [s["stage"] for s in state["stages"]] == [1, 2]
-    assert all(s["status"] in ("promoted", "plateau") and s["steps"] == 6 for s in state["stages"])
-    assert {
-        p: p.stat().st_mtime_ns for p in (out / "stage_1").iterdir() if p.is_file()
-    } == stage_one
-    metrics = [
-        json.loads(line) for line in (out / "stage_2" / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert [m["stage_step"] for m in metrics if "loss" in m] == [1, 2, 3, 4, 5, 6]
+    assert all(s["status"] in ("promoted", "plateau") and s["steps"] == 2 for s in state["stages"])
+    assert stage_files(out / "stage_1") == finished_files[1]
+    for stage in (1, 2):
+        assert not (out / f"stage_{stage}" / "checkpoints").exists()
+        metrics = read_metrics(out / f"stage_{stage}" / "metrics.jsonl")
+        assert [m["stage_step"] for m in metrics if "loss" in m] == [1, 2]
     from peft import PeftConfig
     from transformers import AutoModelForCausalLM
 
@@ -250,6 +311,25 @@ def test_a_run_interrupted_in_the_warmup_resumes(tiny_model_dir, tmp_path, monke
     assert (out / "curriculum_state.json").exists() and not (out / "warmup").exists()
     with pytest.raises(SystemExit, match="--resume"):
         main(run_args(tiny_model_dir, out))
-    assert main(run_args(tiny_model_dir, out, "--resume", "true")) == 0
+
+    # The configuration the run started with is in the folder; a resume must match it.
+    started = json.loads((out / "run_config.json").read_text())
+    assert started["learning_rate"] == 5e-4 and started["num_generations"] == 4
+    with pytest.raises(SystemExit) as refused:
+        main(run_args(tiny_model_dir, out, "--resume", "true", "--learning_rate", "0.1"))
+    message = str(refused.value)
+    assert "learning_rate: 0.0005 -> 0.1" in message and "max_stage_steps" in message
+    with pytest.raises(SystemExit, match=r"(?s)memory_size: 50 -> 7.*task: 'arithmetic'"):
+        main(
+            run_args(
+                tiny_model_dir, out, "--resume", "true", "--memory_size", "7", "--task", "countdown",
+                "--reward_signals", '{"correctness": 1.0}'
+            )
+        )  # fmt: skip
+    assert json.loads((out / "run_config.json").read_text()) == started
+
+    # Options documented as safe to change on resume are accepted.
+    safe = ["--max_stage_steps", "3", "--log_level", "warning", "--logging_steps", "2"]
+    assert main(run_args(tiny_model_dir, out, "--resume", "true", *safe)) == 0
     assert json.loads((out / "curriculum_state.json").read_text())["finished"] is True
     assert (out / "warmup" / "model.safetensors").exists()
