@@ -194,6 +194,8 @@ def main() -> None:
         gradient_checkpointing=False,
         loss_type="dapo",
         beta=0.0,
+        mask_truncated_completions=False,
+        epsilon_high=0.2,
         warmup_steps=0,
         weight_decay=0.0,
     )

@@ -48,6 +48,7 @@ from trl.data_utils import is_conversational  # noqa: E402
 from trl.trainer.utils import use_adapter  # noqa: E402
 
 from pipeline.erl_batch import (  # noqa: E402
+    GLOBAL_TOKEN_LOSSES,
     INERT_KEY,
     NewRows,
     completion_layout,
@@ -114,7 +115,11 @@ class ERLTrainer(GRPOTrainer):
                     "Unsloth's GRPOTrainer needs a loaded model, not a path: load it with "
                     "pipeline.model_loading.load_policy or unsloth.FastLanguageModel"
                 )
-            enabled = [name for name in _UNSLOTH_BATCH_OPTIONS if os.environ.get(name, "0") != "0"]
+            enabled = [
+                name
+                for name in _UNSLOTH_BATCH_OPTIONS
+                if os.environ.get(name, "").strip() not in ("", "0")
+            ]
             if enabled:
                 raise ValueError(
                     f"ERLTrainer does not support {', '.join(enabled)} (Unsloth adds batch keys "
@@ -491,9 +496,12 @@ class ERLTrainer(GRPOTrainer):
             unsloth=unsloth_trainer_active(),
             mask_truncated=bool(self.mask_truncated_completions),
         )
-        parts = micro_batches(
-            inputs, self.args.per_device_train_batch_size, self.args.loss_type, token_mask
-        )
+        limit = self.args.per_device_train_batch_size
+        if unsloth_trainer_active() and self.args.loss_type not in GLOBAL_TOKEN_LOSSES:
+            # Measured on Unsloth's loss: BNPO's micro-batch weights came out 4x the chunk's
+            # gradient (cause not found); only the num_items_in_batch losses are verified.
+            limit = inputs["prompt_ids"].size(0)
+        parts = micro_batches(inputs, limit, self.args.loss_type, token_mask)
         done = None
         for part, weight in parts[:-1]:
             loss = super().compute_loss(model, part, return_outputs, num_items_in_batch) * weight
