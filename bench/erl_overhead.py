@@ -1,6 +1,6 @@
 """What ERL costs on top of GRPO, measured side by side in one process.
 
-    python bench/erl_overhead.py [--steps 12] [--warmup 3]
+    python bench/erl_overhead.py [--steps 12] [--warmup 3] [--backend transformers|unsloth]
 
 Trains GRPOTrainer, ERLTrainer with the gate closed (threshold below every reward) and
 ERLTrainer with every row gated, on the offline tiny model with the same data and seed, in
@@ -13,21 +13,33 @@ interleaved rounds, and prints one `name: value` line per figure (medians over a
                              (target <= 0.05)
     peak_memory_ratio        peak memory while training, ERL (all gated) / GRPO (CUDA:
                              max allocated; CPU: peak resident-set growth over the start)
+                             (target <= 1.5)
+
+`--backend unsloth` measures on Unsloth's generated GRPOTrainer (on a CPU through the
+`ERL_UNSLOTH_CPU_TRAINER=1` opt-in, which this flag sets); GRPO is then that trainer too.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.backend import activate_backend
+from pipeline.backend import UNSLOTH_CPU_TRAINER_ENV, activate_backend
 
-activate_backend()
+# The backend decides how trl is imported, so it is read before anything imports trl.
+_pre = argparse.ArgumentParser(add_help=False)
+_pre.add_argument("--backend", choices=("transformers", "unsloth"), default="transformers")
+BACKEND = _pre.parse_known_args(sys.argv[1:])[0].backend
+if BACKEND == "unsloth":
+    os.environ.setdefault(UNSLOTH_CPU_TRAINER_ENV, "1")
+activate_backend(BACKEND)
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
@@ -35,6 +47,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig, ERLTrainer, build_tiny_model  # noqa: E402
+from pipeline.model_loading import add_mode_switches  # noqa: E402
 
 
 def length_reward(completions, **kwargs):
@@ -124,8 +137,12 @@ def _rss() -> int:
 
 
 def run(trainer_cls, args, model_dir, dataset, warmup, **extra):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)  # Unsloth's trainer takes objects
+    add_mode_switches(model)
     trainer = trainer_cls(
-        model=model_dir, args=args, train_dataset=dataset, reward_funcs=length_reward, **extra
+        model=model, args=args, train_dataset=dataset, reward_funcs=length_reward, **extra
     )
     with PeakMemory() as memory:
         trainer.train()
@@ -147,6 +164,12 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, default=16, help="completions per step")
     parser.add_argument("--max_completion_length", type=int, default=24)
+    parser.add_argument(
+        "--backend",
+        choices=("transformers", "unsloth"),
+        default="transformers",
+        help="base trainer: TRL's GRPOTrainer, or Unsloth's generated one",
+    )
     opts = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="erl-bench-"))
@@ -164,6 +187,17 @@ def main() -> None:
         save_strategy="no",
         seed=0,
         disable_tqdm=True,
+        # Pinned where Unsloth's config defaults differ from TRL's, so both backends train
+        # the same way.
+        optim="adamw_torch",
+        gradient_accumulation_steps=1,
+        gradient_checkpointing=False,
+        loss_type="dapo",
+        beta=0.0,
+        mask_truncated_completions=False,
+        epsilon_high=0.2,
+        warmup_steps=0,
+        weight_decay=0.0,
     )
 
     configs = {
@@ -210,6 +244,7 @@ def main() -> None:
 
     outside = phases["prepare"] - phases["generate"] - phases.get("forward", 0.0)
     print(
+        f"backend: {BACKEND} ({GRPOTrainer.__name__}), "
         f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}, steps: {opts.rounds} x {opts.steps} "
         f"(after {opts.warmup} warm-up each), completions/step: {opts.batch}"
     )

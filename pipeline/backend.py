@@ -8,6 +8,12 @@ subclass TRL classes (`pipeline.erl_config`, `pipeline.erl_trainer`) call it at 
 Choose with `activate_backend("unsloth" | "transformers" | "auto")` before importing
 `ERLConfig`/`ERLTrainer`, or with the environment variable `ERL_BACKEND`. `auto` takes
 Unsloth when a CUDA GPU is present and Unsloth is installed.
+
+Unsloth's trainer on a CPU: Unsloth rewrites TRL's trainers by itself only on a GPU. With
+`ERL_UNSLOTH_CPU_TRAINER=1` (the explicit opt-in tests and CI use), the "unsloth" backend
+asks it to do so on a CPU too, so `ERLTrainer` is built on Unsloth's generated
+`UnslothGRPOTrainer`: the GPU code path of the trainer (its config, batch layout and loss),
+without its kernels, 4-bit loading or vLLM.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import os
 
 BACKENDS = ("auto", "unsloth", "transformers")
 BACKEND_ENV = "ERL_BACKEND"
+UNSLOTH_CPU_TRAINER_ENV = "ERL_UNSLOTH_CPU_TRAINER"
 
 _active: str | None = None
 
@@ -49,7 +56,10 @@ def activate_backend(name: str | None = None) -> str:
             )
         return _active
     if resolved == "unsloth":
-        import unsloth  # noqa: F401  (must precede trl: on a GPU it rebinds trl.GRPOTrainer)
+        if unsloth_cpu_trainer_requested() and not cuda_available():
+            _patch_unsloth_trainer_on_cpu()
+        else:
+            import unsloth  # noqa: F401  (must precede trl: on a GPU it rebinds trl.GRPOTrainer)
     from pipeline.cpu_logprob import install_cpu_logprob_fallback
 
     install_cpu_logprob_fallback()
@@ -68,16 +78,43 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def unsloth_cpu_trainer_requested() -> bool:
+    """Whether the environment opts in to Unsloth's generated trainer on a CPU."""
+    return os.environ.get(UNSLOTH_CPU_TRAINER_ENV, "0").strip().lower() in ("1", "true", "yes")
+
+
+def _patch_unsloth_trainer_on_cpu() -> None:
+    """Import Unsloth in its CPU mode, then have it generate and bind its GRPO trainer
+    (`unsloth_compiled_cache/UnslothGRPOTrainer.py`, ~30 s), as it does by itself on a GPU."""
+    os.environ["UNSLOTH_ALLOW_CPU"] = "1"
+    # Unsloth's shared-prompt shortcut scores the current policy differently from the scorer
+    # that produced the old/reference log-probs (README, "Backends"): off unless set.
+    os.environ.setdefault("UNSLOTH_GRPO_PREFIX_GROUPER", "0")
+    # torch.compile of Unsloth's loss regions costs minutes per shape and loss type on a CPU
+    # and computes the same; kernels are a GPU matter. Eager unless set.
+    os.environ.setdefault("UNSLOTH_COMPILE_DISABLE", "1")
+    import unsloth  # noqa: F401
+    from unsloth.models.rl import _patch_trl_rl_trainers_impl
+
+    _patch_trl_rl_trainers_impl("grpo_trainer")
+
+
 def unsloth_patches_trainers() -> bool:
-    """Whether Unsloth rewrote TRL's trainers (it does so only on a GPU)."""
+    """Whether Unsloth's whole GPU stack is in use: its rewritten trainers and its model
+    methods (merging, GGUF export). Unsloth's trainer alone on a CPU does not count."""
     return _active == "unsloth" and cuda_available()
 
 
+def unsloth_trainer_active() -> bool:
+    """Whether trl.GRPOTrainer is Unsloth's generated trainer (a GPU, or the CPU opt-in)."""
+    return _active == "unsloth" and (cuda_available() or unsloth_cpu_trainer_requested())
+
+
 def check_trainer_base(base: type) -> None:
-    """Fail loudly when the backend is Unsloth on a GPU but `base` is not Unsloth's trainer."""
+    """Fail loudly when Unsloth's trainer is expected but `base` is not Unsloth's trainer."""
     import trl
 
-    if unsloth_patches_trainers() and not base.__name__.startswith("Unsloth"):
+    if unsloth_trainer_active() and not base.__name__.startswith("Unsloth"):
         raise RuntimeError(
             f"the Unsloth backend is active but ERLTrainer is built on {base.__module__}.{base.__name__}, "
             f"not Unsloth's patched GRPOTrainer (trl.GRPOTrainer is now {trl.GRPOTrainer.__name__}). "

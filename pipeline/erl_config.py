@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import string
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.backend import activate_backend
 
@@ -30,9 +32,25 @@ def template_fields(template: str) -> set[str]:
     return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
 
 
-@dataclass
+# Gate and success tests allow this much float rounding below the threshold: a weighted sum
+# of rewards with weights that add up to 1 can land a few ulps under 1.0 for a perfect
+# completion (e.g. weights [0.2, 0.218, 0.309, 0.145, 0.127] in float32).
+THRESHOLD_TOLERANCE = 1e-5
+
+
+def reaches_threshold(reward: float, threshold: float) -> bool:
+    """Whether `reward` reaches `threshold` up to float rounding (NaN never does)."""
+    return reward >= threshold - THRESHOLD_TOLERANCE * max(1.0, abs(threshold))
+
+
+@dataclass(init=False)
 class ERLConfig(GRPOConfig):
-    """GRPOConfig plus the Experiential RL settings (see the README's "The ERL step")."""
+    """GRPOConfig plus the Experiential RL settings (see the README's "The ERL step").
+
+    The base config's own `__init__` builds everything but ERL's fields, so ERLConfig holds
+    exactly what `GRPOConfig(...)` would for the same options: with Unsloth's trainer, that
+    is Unsloth's config and its adjustments (learning-rate default, vLLM settings, ...).
+    """
 
     reward_threshold: float = field(
         default=1.0,
@@ -81,6 +99,12 @@ class ERLConfig(GRPOConfig):
         },
     )
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # ERL's fields are set first: the base __init__ ends by calling __post_init__.
+        for f in _erl_fields():
+            setattr(self, f.name, kwargs.pop(f.name, f.default))
+        GRPOConfig.__init__(self, *args, **kwargs)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if not math.isfinite(self.reward_threshold):
@@ -121,3 +145,9 @@ class ERLConfig(GRPOConfig):
                 )
             except (ValueError, IndexError, KeyError) as err:
                 raise ValueError(f"{name} cannot be formatted: {err}") from err
+
+
+def _erl_fields() -> list[dataclasses.Field]:
+    """The fields ERLConfig adds to GRPOConfig (all have plain defaults)."""
+    base = {f.name for f in dataclasses.fields(GRPOConfig)}
+    return [f for f in dataclasses.fields(ERLConfig) if f.name not in base]

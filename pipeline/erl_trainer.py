@@ -18,22 +18,26 @@ Per generation batch, after GRPO has generated and scored the first attempts y1:
 
 Everything happens in `_generate_and_score_completions`, so TRL's buffering, splitting
 into `steps_per_generation` chunks, loss types and logging apply to the merged batch
-unchanged. Evaluation never reflects: deployment sees first attempts only.
+unchanged. `pipeline.erl_batch` puts the new rows into the base trainer's layout, and
+`compute_loss` trains a merged chunk in micro-batches of `per_device_train_batch_size`
+rows, so an all-gated step needs the memory of a GRPO step. Evaluation never reflects:
+deployment sees first attempts only.
 
-The class is defined at import, after `activate_backend()`: on a GPU with Unsloth the
-base is Unsloth's patched GRPOTrainer (it rebinds `trl.GRPOTrainer`).
+The class is defined at import, after `activate_backend()`: with Unsloth (on a GPU, or on
+a CPU with the opt-in) the base is Unsloth's generated GRPOTrainer (it rebinds
+`trl.GRPOTrainer`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-from pipeline.backend import activate_backend, check_trainer_base
+from pipeline.backend import activate_backend, check_trainer_base, unsloth_trainer_active
 
 activate_backend()  # before trl: on a GPU, Unsloth rebinds trl.GRPOTrainer
 
@@ -41,44 +45,33 @@ import torch  # noqa: E402
 from accelerate.utils import gather_object  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 from trl.data_utils import is_conversational  # noqa: E402
-from trl.trainer.utils import pad, use_adapter  # noqa: E402
+from trl.trainer.utils import use_adapter  # noqa: E402
 
-from pipeline.erl_config import ERLConfig  # noqa: E402
+from pipeline.erl_batch import (  # noqa: E402
+    GLOBAL_TOKEN_LOSSES,
+    INERT_KEY,
+    NewRows,
+    completion_layout,
+    loss_token_mask,
+    merge_rows,
+    micro_batches,
+    pad_rows,
+    select_rows,
+)
+from pipeline.erl_config import ERLConfig, reaches_threshold  # noqa: E402
 from pipeline.memory import ReflectionMemory  # noqa: E402
+from pipeline.model_loading import add_mode_switches  # noqa: E402
 from rewards import completion_text  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
 
-# Batch keys whose rows ERL knows how to extend; anything else (images, tool masks) is refused.
-_ROW_KEYS = {
-    "prompt_ids",
-    "prompt_mask",
-    "completion_ids",
-    "completion_mask",
-    "advantages",
-    "old_per_token_logps",
-    "ref_per_token_logps",
-    "sampling_per_token_logps",
-    "importance_sampling_ratio",
-    "max_left_pad",
-}
-_SCALAR_KEYS = {"num_items_in_batch"}
-
-
-@dataclass
-class _NewRows:
-    """Rows ERL adds to a generation batch (token ids as lists, one advantage each)."""
-
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]
-    advantages: list[float]
-    valid: list[bool]  # False for rows that only equalise row counts across processes
-
-    def extend(self, other: _NewRows) -> None:
-        self.prompt_ids += other.prompt_ids
-        self.completion_ids += other.completion_ids
-        self.advantages += other.advantages
-        self.valid += other.valid
+# Unsloth options that add batch keys (sample weights, rollout log-probs as old) that ERL's
+# rows would have to carry; refused up front rather than at the first gated batch.
+_UNSLOTH_BATCH_OPTIONS = (
+    "UNSLOTH_GRPO_ZERO_VARIANCE_EXCLUDE",
+    "UNSLOTH_GRPO_LOSS_AGGREGATION",
+    "UNSLOTH_GRPO_ROLLOUT_LOGPROBS_AS_OLD",
+)
 
 
 class ERLTrainer(GRPOTrainer):
@@ -116,7 +109,31 @@ class ERLTrainer(GRPOTrainer):
                 raise ValueError(
                     f"ERLTrainer does not support {unsupported}= (multi-turn rollouts)"
                 )
+        if unsloth_trainer_active():
+            if isinstance(model, str):
+                raise TypeError(
+                    "Unsloth's GRPOTrainer needs a loaded model, not a path: load it with "
+                    "pipeline.model_loading.load_policy or unsloth.FastLanguageModel"
+                )
+            enabled = [
+                name
+                for name in _UNSLOTH_BATCH_OPTIONS
+                if os.environ.get(name, "").strip() not in ("", "0")
+            ]
+            if enabled:
+                raise ValueError(
+                    f"ERLTrainer does not support {', '.join(enabled)} (Unsloth adds batch keys "
+                    "for it that ERL's reflection and retry rows do not carry); unset it"
+                )
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        columns = set(getattr(self.train_dataset, "column_names", None) or [])
+        if self._is_vlm or columns & {"image", "images"}:
+            raise NotImplementedError(
+                "ERLTrainer does not support multimodal datasets or processors (image columns "
+                "or a ProcessorMixin): reflection and retry rows are text only"
+            )
+        # Unsloth's trainer switches modes through these; a plain model lacks them.
+        add_mode_switches(self.model)
         self.feedback_func = feedback_func
         self.memory = ReflectionMemory(args.memory_size if args.enable_memory else 0)
         self._first_attempt: tuple | None = None
@@ -151,9 +168,10 @@ class ERLTrainer(GRPOTrainer):
         r1 = self._weighted_reward(self._local(rewards_per_func))
         self._first_attempt_log.extend(zip(r1.tolist(), rows))
         threshold = self.args.reward_threshold
+        # Solved up to float rounding does not gate; NaN (unscorable) never gates.
         gated = [
-            i for i, r in enumerate(r1.tolist()) if r < threshold
-        ]  # NaN (unscorable) never gates
+            i for i, r in enumerate(r1.tolist()) if r == r and not reaches_threshold(r, threshold)
+        ]
 
         metrics = self._metrics["train"]
         all_r1 = self.accelerator.gather(r1)
@@ -170,7 +188,7 @@ class ERLTrainer(GRPOTrainer):
                 gated,
                 pad_to=int(num_gated.max().item()),
             )
-            output = self._merge_rows(output, new_rows)
+            output = merge_rows(self, output, new_rows)
         else:
             metrics["erl/internalization_rows"].append(0.0)
         metrics["erl/memory_size"].append(float(len(self.memory)))
@@ -189,9 +207,7 @@ class ERLTrainer(GRPOTrainer):
 
     # The ERL phases --------------------------------------------------------------------
 
-    def _experience(
-        self, rows, prompts, completions, completion_ids, r1, gated, pad_to
-    ) -> _NewRows:
+    def _experience(self, rows, prompts, completions, completion_ids, r1, gated, pad_to) -> NewRows:
         """Phases 1-7 for the gated rows; returns the reflection, retry and internalization rows."""
         valid = [True] * len(gated) + [False] * (pad_to - len(gated))
         # Every process must score the same number of rows (the reward gather needs it):
@@ -221,14 +237,14 @@ class ERLTrainer(GRPOTrainer):
         reflection_len = (
             self.args.reflection_max_completion_length or self.args.max_completion_length
         )
-        refl_prompt_ids, refl_ids, reflections = self._generate_rows(
+        refl_prompt_ids, refl_ids, reflections, refl_logps = self._generate_rows(
             reflection_prompts, reflection_len
         )
 
         retry_prompts = [
             self._retry_prompt(g_prompts[j], reflections[j].strip()) for j in range(len(idx))
         ]
-        retry_prompt_ids, retry_ids, retry_texts = self._generate_rows(
+        retry_prompt_ids, retry_ids, retry_texts, retry_logps = self._generate_rows(
             retry_prompts, self.args.max_completion_length
         )
 
@@ -253,15 +269,30 @@ class ERLTrainer(GRPOTrainer):
             valid=scored,
             scale=self.args.scale_rewards != "none",
         )
-        success = [v and r >= self.args.reward_threshold for v, r in zip(scored, r2.tolist())]
+        success = [
+            v and reaches_threshold(r, self.args.reward_threshold)
+            for v, r in zip(scored, r2.tolist())
+        ]
         self._remember(
             [(prompt_texts[j], reflections[j].strip()) for j in range(len(idx)) if success[j]]
         )
 
-        new_rows = _NewRows(refl_prompt_ids, refl_ids, advantages, self._trainable(refl_ids, valid))
+        new_rows = NewRows(
+            refl_prompt_ids,
+            refl_ids,
+            advantages,
+            list(valid),
+            self._trainable(refl_ids),
+            refl_logps,
+        )
         new_rows.extend(
-            _NewRows(
-                retry_prompt_ids, retry_ids, list(advantages), self._trainable(retry_ids, valid)
+            NewRows(
+                retry_prompt_ids,
+                retry_ids,
+                list(advantages),
+                list(valid),
+                self._trainable(retry_ids),
+                retry_logps,
             )
         )
         internalize = self.args.enable_internalization and self.args.internalization_coef > 0
@@ -269,12 +300,14 @@ class ERLTrainer(GRPOTrainer):
         if kept:
             original_ids, _, _ = self._tokenize_prompts([g_prompts[j] for j in kept])
             kept_ids = [retry_ids[j] for j in kept]
+            # Not sampled from the original prompt: no sampling log-probs (ratio 1, exact CE).
             new_rows.extend(
-                _NewRows(
+                NewRows(
                     list(original_ids),
                     kept_ids,
                     [self.args.internalization_coef] * len(kept),
-                    self._trainable(kept_ids, [True] * len(kept)),
+                    [True] * len(kept),
+                    self._trainable(kept_ids),
                 )
             )
         self._log_experience(r2, valid, success, len(kept), new_rows)
@@ -303,13 +336,13 @@ class ERLTrainer(GRPOTrainer):
         start = self.accelerator.process_index * len(groups)
         return advantages[start : start + len(groups)]
 
-    def _trainable(self, completion_ids: list[list[int]], valid: list[bool]) -> list[bool]:
-        """Which rows enter the loss: valid ones, less truncated completions when GRPO masks
-        those (`mask_truncated_completions`)."""
+    def _trainable(self, completion_ids: list[list[int]]) -> list[bool]:
+        """Which rows GRPO would train: all, less truncated completions when it masks those
+        (`mask_truncated_completions`)."""
         if not self.mask_truncated_completions:
-            return list(valid)
+            return [True] * len(completion_ids)
         ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
-        return [ok and bool(ids) and ids[-1] in ends for ok, ids in zip(valid, completion_ids)]
+        return [bool(ids) and ids[-1] in ends for ids in completion_ids]
 
     def _feedback(self, rows, prompts, completions, completion_ids) -> list[str]:
         """One feedback string per completion, from `feedback_func` (or the bare reward)."""
@@ -360,7 +393,7 @@ class ERLTrainer(GRPOTrainer):
         for prompt_text, reflection in successes:
             self.memory.add(prompt_text, reflection, step=self.state.global_step)
 
-    def _log_experience(self, r2, valid, success, num_internalized, new_rows: _NewRows) -> None:
+    def _log_experience(self, r2, valid, success, num_internalized, new_rows: NewRows) -> None:
         metrics = self._metrics["train"]
         mask = torch.tensor(valid, device=r2.device) & ~torch.isnan(r2)
         stats = torch.tensor(
@@ -385,7 +418,7 @@ class ERLTrainer(GRPOTrainer):
             if loss is not None:
                 metrics["erl/internalization_loss"].append(loss)
 
-    def _global_internalization_loss(self, rows: _NewRows, count: int) -> float | None:
+    def _global_internalization_loss(self, rows: NewRows, count: int) -> float | None:
         """The internalization-loss metric over every process's rows (token-weighted)."""
         if self.accelerator.num_processes == 1:
             return self._internalization_loss(rows, count)
@@ -401,19 +434,24 @@ class ERLTrainer(GRPOTrainer):
         return total / all_tokens if all_tokens else None
 
     @torch.no_grad()
-    def _internalization_loss(self, rows: _NewRows, count: int) -> float | None:
+    def _internalization_loss(self, rows: NewRows, count: int) -> float | None:
         """Mean token cross-entropy of (original prompt -> y2), times the coefficient (a metric)."""
-        batch = _pad_rows(
-            rows.prompt_ids[-count:],
-            rows.completion_ids[-count:],
-            [True] * count,
+        batch = pad_rows(
+            NewRows(
+                rows.prompt_ids[-count:],
+                rows.completion_ids[-count:],
+                [0.0] * count,
+                [True] * count,
+                [True] * count,
+            ),
             self._tokenizer.pad_token_id,
             self.accelerator.device,
         )
         logps = self._logps(self.model, batch)
+        if logps is None:
+            return None
         mask = batch["completion_mask"]
-        if logps is None or logps.shape != mask.shape:
-            return None  # Unsloth's GPU scorer returns a packed layout; the metric is skipped there
+        logps = completion_layout(logps, batch["prompt_mask"], mask.size(1))
         return (
             -(logps * mask).sum() / mask.sum().clamp(min=1)
         ).item() * self.args.internalization_coef
@@ -422,12 +460,19 @@ class ERLTrainer(GRPOTrainer):
 
     def _generate_rows(self, prompts: list, max_new_tokens: int):
         """One sample per prompt through the trainer's own generation path (vLLM/Unsloth fast
-        generation included); returns prompt ids, completion ids and decoded texts."""
+        generation included); returns prompt ids, completion ids, decoded texts and the
+        sampler's per-token log-probs (vLLM's; None per row where the path reports none)."""
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
         with self._generation_length(max_new_tokens):
-            completion_ids, _ = self._generate_single_turn(prompt_ids, None, {}, 1)
+            completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, 1)
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        return [list(p) for p in prompt_ids], [list(c) for c in completion_ids], texts
+        logprobs = [list(lp) for lp in logprobs] if logprobs is not None else None
+        return (
+            [list(p) for p in prompt_ids],
+            [list(c) for c in completion_ids],
+            texts,
+            logprobs or [None] * len(completion_ids),
+        )
 
     @contextmanager
     def _generation_length(self, max_new_tokens: int) -> Iterator[None]:
@@ -467,96 +512,49 @@ class ERLTrainer(GRPOTrainer):
             {**last, "content": template.format(prompt=last["content"], reflection=reflection)},
         ]
 
-    # Merging rows into GRPO's batch ----------------------------------------------------
+    # Training on the merged batch ------------------------------------------------------
 
-    def _merge_rows(self, output: dict, rows: _NewRows) -> dict:
-        """Append `rows` to GRPO's batch: re-pad, give them every per-row tensor the batch
-        has, pad the row count to a multiple of `steps_per_generation` (TRL drops the rest
-        when it splits the batch) and recount `num_items_in_batch`."""
-        unknown = sorted(set(output) - _ROW_KEYS - _SCALAR_KEYS)
-        if unknown:
-            raise NotImplementedError(
-                f"ERLTrainer cannot add rows to a batch with {unknown} "
-                "(multimodal or tool batches are not supported)"
-            )
-        device = output["prompt_ids"].device
-        # Pad the new rows so that every process adds the same number, a multiple of the split.
-        counts = self.accelerator.gather(torch.tensor([len(rows.valid)], device=device))
-        target = int(counts.max().item())
-        total = output["prompt_ids"].size(0) + target
-        target += -total % self.args.steps_per_generation
-        filler = target - len(rows.valid)
-        rows.extend(
-            _NewRows(
-                [rows.prompt_ids[0]] * filler,
-                [rows.completion_ids[0]] * filler,
-                [0.0] * filler,
-                [False] * filler,
-            )
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The base trainer's loss, leaving out ERL's inert rows, in micro-batches of at most
+        `per_device_train_batch_size` rows (a merged chunk holds up to ~4x that) whose
+        weighted losses add up to the loss of the whole chunk, so the gradient is the same."""
+        inert = inputs.get(INERT_KEY)
+        if inert is None:  # GRPO's own batch (gate closed, evaluation): untouched
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        inputs = {k: v for k, v in inputs.items() if k != INERT_KEY}
+        if not inert.all():  # an all-inert chunk has a zero loss as it is
+            inputs = select_rows(inputs, ~inert)
+        token_mask = loss_token_mask(
+            inputs,
+            self._tokenizer.pad_token_id,
+            unsloth=unsloth_trainer_active(),
+            mask_truncated=bool(self.mask_truncated_completions),
         )
-        new = _pad_rows(
-            rows.prompt_ids, rows.completion_ids, rows.valid, self._tokenizer.pad_token_id, device
-        )
-        new["advantages"] = torch.tensor(
-            rows.advantages, device=device, dtype=output["advantages"].dtype
-        )
+        limit = self.args.per_device_train_batch_size
+        if unsloth_trainer_active() and self.args.loss_type not in GLOBAL_TOKEN_LOSSES:
+            # Measured on Unsloth's loss: BNPO's micro-batch weights came out 4x the chunk's
+            # gradient (cause not found); only the num_items_in_batch losses are verified.
+            limit = inputs["prompt_ids"].size(0)
+        parts = micro_batches(inputs, limit, self.args.loss_type, token_mask)
+        done = None
+        for part, weight in parts[:-1]:
+            loss = super().compute_loss(model, part, return_outputs, num_items_in_batch) * weight
+            # What Trainer.training_step does with the returned loss, for the parts it never sees.
+            with self.accelerator.no_sync(model):
+                self.accelerator.backward(loss * self._returned_loss_scale(num_items_in_batch))
+            done = loss.detach() if done is None else done + loss.detach()
+        part, weight = parts[-1]
+        loss = super().compute_loss(model, part, return_outputs, num_items_in_batch) * weight
+        return loss if done is None else loss + done
 
-        pad_id = self._tokenizer.pad_token_id
-        merged = {
-            "prompt_ids": _cat_padded(output["prompt_ids"], new["prompt_ids"], pad_id, "left"),
-            "prompt_mask": _cat_padded(output["prompt_mask"], new["prompt_mask"], 0, "left"),
-            "completion_ids": _cat_padded(
-                output["completion_ids"], new["completion_ids"], pad_id, "right"
-            ),
-            "completion_mask": _cat_padded(
-                output["completion_mask"], new["completion_mask"], 0, "right"
-            ),
-            "advantages": torch.cat([output["advantages"], new["advantages"]]),
-        }
-        # Optional tensors exist only in some configurations (vLLM, beta > 0, generation
-        # reuse): the merged batch has one exactly when GRPO's batch has it. Old and
-        # reference log-probs are recomputed over the whole merged batch: GRPO's rows were
-        # re-padded, and the backend's own scorer (TRL's, or Unsloth's packed layout) must
-        # see one consistent batch. New rows are sampled by the current policy, so their
-        # sampling log-probs are the current ones and no vLLM correction applies (ratio 1).
-        rows_before = output["prompt_ids"].size(0)
-        has = {
-            k
-            for k in (
-                "old_per_token_logps",
-                "ref_per_token_logps",
-                "sampling_per_token_logps",
-                "importance_sampling_ratio",
-            )
-            if output.get(k) is not None
-        }
-        if has & {"old_per_token_logps", "sampling_per_token_logps"}:
-            current = self._logps(self.model, merged)
-            if "old_per_token_logps" in has:
-                merged["old_per_token_logps"] = current
-            if "sampling_per_token_logps" in has:
-                sampling = output["sampling_per_token_logps"]
-                merged["sampling_per_token_logps"] = _cat_padded(
-                    sampling, current[rows_before:].to(sampling.dtype), 0.0, "right"
-                )
-        if "ref_per_token_logps" in has:
-            merged["ref_per_token_logps"] = self._ref_logps(merged)
-        if "importance_sampling_ratio" in has:
-            ratio = output["importance_sampling_ratio"]  # (B, T) per token or (B, 1) per sequence
-            width = 1 if ratio.size(1) == 1 else new["completion_ids"].size(1)
-            ones = torch.ones(
-                new["completion_ids"].size(0), width, device=device, dtype=ratio.dtype
-            )
-            merged["importance_sampling_ratio"] = _cat_padded(ratio, ones, 1.0, "right")
-        if "max_left_pad" in output:  # Unsloth: the widest left padding of the batch, per row
-            left_pad = int((merged["prompt_mask"] == 0).sum(dim=1).max().item())
-            merged["max_left_pad"] = torch.full(
-                (merged["prompt_ids"].size(0), 1), left_pad, dtype=output["max_left_pad"].dtype
-            )
-        merged["num_items_in_batch"] = self.accelerator.gather(
-            merged["completion_mask"].sum()
-        ).sum()
-        return merged
+    def _returned_loss_scale(self, num_items_in_batch) -> float:
+        """The factor Trainer.training_step (transformers 5.17, and Unsloth's rewrite of it)
+        applies to compute_loss's value before its backward."""
+        if (
+            not self.model_accepts_loss_kwargs or num_items_in_batch is None
+        ) and self.compute_loss_func is None:
+            return 1.0 / self.current_gradient_accumulation_steps
+        return 1.0
 
     @torch.no_grad()
     def _logps(self, model, batch: dict) -> torch.Tensor:
@@ -617,38 +615,6 @@ def _retry_advantages(
         for j, a in zip(rows, centred.tolist()):
             advantages[j] = a
     return advantages
-
-
-def _pad_rows(prompt_ids, completion_ids, valid, pad_id, device) -> dict:
-    """Left-padded prompts and right-padded completions; invalid rows are fully masked."""
-    prompts = [torch.tensor(p, dtype=torch.long) for p in prompt_ids]
-    completions = [torch.tensor(c if c else [pad_id], dtype=torch.long) for c in completion_ids]
-    completion_mask = [
-        torch.full_like(c, int(ok and len(raw) > 0))
-        for c, raw, ok in zip(completions, completion_ids, valid)
-    ]
-    return {
-        "prompt_ids": pad(prompts, padding_value=pad_id, padding_side="left").to(device),
-        "prompt_mask": pad(
-            [torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left"
-        ).to(device),
-        "completion_ids": pad(completions, padding_value=pad_id, padding_side="right").to(device),
-        "completion_mask": pad(completion_mask, padding_value=0, padding_side="right").to(device),
-    }
-
-
-def _cat_padded(a: torch.Tensor, b: torch.Tensor, value, side: str) -> torch.Tensor:
-    """Concatenate two (rows, length) tensors along rows, padding the shorter length."""
-    width = max(a.size(1), b.size(1))
-
-    def widen(t: torch.Tensor) -> torch.Tensor:
-        extra = width - t.size(1)
-        if extra == 0:
-            return t
-        filler = torch.full((t.size(0), extra), value, dtype=t.dtype, device=t.device)
-        return torch.cat([filler, t] if side == "left" else [t, filler], dim=1)
-
-    return torch.cat([widen(a), widen(b).to(a.device)], dim=0)
 
 
 def _prompt_text(prompt) -> str:

@@ -90,10 +90,16 @@ def load_policy(config: ModelConfig, *, seed: int = 42, trust_remote_code: bool 
 
 def _load_with_unsloth(config: ModelConfig, seed: int, trust_remote_code: bool):
     import torch
+
+    if not torch.cuda.is_available():
+        # Unsloth's CPU loader is plain transformers + PEFT, and with UNSLOTH_ALLOW_CPU (its
+        # trainer on a CPU) it takes its GPU loader, which needs CUDA: load the same way here.
+        model, tokenizer = _load_with_transformers(config, seed, trust_remote_code)
+        add_mode_switches(model)  # what Unsloth's trainer calls
+        return model, tokenizer
     from unsloth import FastLanguageModel
 
-    # On CPU Unsloth's loader is plain transformers + PEFT; float32 is the fast CPU dtype.
-    dtype = None if torch.cuda.is_available() else torch.float32
+    dtype = None
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=config.model_name_or_path,
         max_seq_length=config.max_seq_length,
@@ -111,7 +117,7 @@ def _load_with_unsloth(config: ModelConfig, seed: int, trust_remote_code: bool):
             lora_alpha=config.lora_alpha,
             lora_dropout=config.lora_dropout,
             target_modules=config.lora_target_modules,
-            use_gradient_checkpointing="unsloth" if torch.cuda.is_available() else False,
+            use_gradient_checkpointing="unsloth",
             random_state=seed,
         )
     return model, tokenizer
@@ -153,3 +159,12 @@ def _load_with_transformers(config: ModelConfig, seed: int, trust_remote_code: b
             ),
         )
     return model, tokenizer
+
+
+def add_mode_switches(model) -> None:
+    """Give a plain transformers/PEFT model the `for_training`/`for_inference` methods that
+    Unsloth's trainer calls (Unsloth's GPU loader adds its own; its CPU loader does not)."""
+    if not hasattr(model, "for_training"):
+        model.for_training = lambda use_gradient_checkpointing=True: model.train()
+    if not hasattr(model, "for_inference"):
+        model.for_inference = lambda: model.eval()

@@ -1,10 +1,13 @@
-"""Internalization rows have exactly the gradient of weighted token-level cross-entropy."""
+"""Internalization rows have exactly the gradient of weighted token-level cross-entropy.
+
+Runs on both bases: tests/test_unsloth_trainer.py runs it again under Unsloth's loss."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import alternating_reward, first_generation_batch
+from test_erl_bases import GRADIENT_TOLERANCE, NO_PAD, load_model, relative_error
 
 from pipeline import ERLTrainer
 
@@ -14,9 +17,22 @@ def test_internalization_gradient_equals_weighted_cross_entropy(
     tiny_model_dir, arithmetic_dataset, erl_args, coef
 ):
     reward, _ = alternating_reward()  # y1 fails, every retry succeeds -> every row internalized
-    args = erl_args(reward_threshold=0.5, internalization_coef=coef, beta=0.0, loss_type="dapo")
+    args = erl_args(
+        reward_threshold=0.5,
+        internalization_coef=coef,
+        beta=0.0,
+        loss_type="dapo",
+        optim="adamw_torch",
+        gradient_accumulation_steps=1,
+        gradient_checkpointing=False,
+        mask_truncated_completions=False,  # Unsloth's config turns it on for an explicit dapo
+        generation_kwargs=NO_PAD,
+    )
     trainer = ERLTrainer(
-        model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset, reward_funcs=reward
+        model=load_model(tiny_model_dir),
+        args=args,
+        train_dataset=arithmetic_dataset,
+        reward_funcs=reward,
     )
     model = trainer.model
     batch, out = first_generation_batch(trainer)
@@ -51,6 +67,10 @@ def test_internalization_gradient_equals_weighted_cross_entropy(
     (coef * cross_entropy).backward()
 
     assert erl_grads and any(g.abs().sum() > 0 for g in erl_grads.values())
-    for name, p in model.named_parameters():
-        if p.grad is not None:
-            torch.testing.assert_close(erl_grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    errors = {
+        name: relative_error(erl_grads[name], p.grad)
+        for name, p in model.named_parameters()
+        if p.grad is not None
+    }
+    print("relative gradient error, max:", max(errors.values()))
+    assert max(errors.values()) < GRADIENT_TOLERANCE, errors

@@ -15,11 +15,29 @@ EXPECTED_SIGNATURES = {
     "_generate_single_turn": "(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False)",
     "_tokenize_prompts": "(self, prompts: list)",
     "save_model": "(self, output_dir: str | None = None, _internal_call: bool = False) -> None",
+    "compute_loss": "(self, model, inputs, return_outputs=False, num_items_in_batch=None)",
 }
 
 
 def test_trl_version_is_the_pinned_one():
     assert trl.__version__ == "1.15.0", "ERLTrainer is written against TRL 1.15.0's private API"
+
+
+def test_trainer_scales_the_returned_loss_as_erl_assumes():
+    """ERLTrainer.compute_loss back-propagates all but the last micro-batch itself, scaled
+    as Trainer.training_step (transformers 5.17) scales the loss it returns."""
+    import transformers
+    from transformers import Trainer
+
+    assert transformers.__version__ == "5.17.0"
+    source = inspect.getsource(Trainer.training_step)
+    assert (
+        "if (not self.model_accepts_loss_kwargs or num_items_in_batch is None) and "
+        "self.compute_loss_func is None:\n"
+        "                # If the model does not accept loss kwargs, we need to normalize the loss "
+        "by the number of gradient accumulation steps\n"
+        "                loss = loss / self.current_gradient_accumulation_steps"
+    ) in source
 
 
 def test_overridden_private_signatures_are_unchanged():

@@ -1,0 +1,318 @@
+"""The rows ERL adds to a GRPO generation batch, in the layout of the active base trainer.
+
+Two bases read the same batch keys differently:
+
+- TRL's GRPOTrainer: per-token tensors (log-probs, masks, importance ratios) have the
+  completion's width C, token j of a row in column j.
+- Unsloth's generated trainer: old and reference log-probs are "packed", width C + M
+  (M = the batch's widest left padding), computed on rows whose padding was moved to the
+  right, so token j of a row with left padding p sits in column M - p + j. Sampling
+  log-probs (vLLM) stay in TRL's layout; its loss re-aligns them, and it rebuilds the
+  completion mask from the token ids (pad id = not trained).
+
+This module builds ERL's rows so both read them right: padding and filler rows have
+pad-only completions and are flagged in `INERT_KEY` so that `ERLTrainer.compute_loss`
+leaves them out of every loss type; sampling log-probs are kept in TRL's layout; and the
+merged batch is cut into micro-batches of at most `per_device_train_batch_size` rows
+whose weighted losses add up to the loss of the whole chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from trl.trainer.utils import pad
+
+# A (B,) bool tensor in merged batches: rows that carry no signal (filler to a multiple of
+# steps_per_generation, rows that equalise counts across processes). TRL's buffering
+# splits and shuffles it with the other rows; ERLTrainer.compute_loss drops those rows.
+INERT_KEY = "erl_inert"
+
+# Batch keys whose rows ERL knows how to extend; anything else (images, tool masks,
+# Unsloth's optional sample weights) is refused when the trainer is built.
+ROW_KEYS = {
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "advantages",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "importance_sampling_ratio",
+    "max_left_pad",
+    INERT_KEY,
+}
+SCALAR_KEYS = {"num_items_in_batch"}
+
+# Loss types whose normaliser is the global token count `num_items_in_batch` (a micro-batch
+# needs no reweighting), per-row means (weight: share of rows) and local token means
+# (weight: share of loss tokens). TRL 1.15 and Unsloth 2026.10.9 normalise alike.
+GLOBAL_TOKEN_LOSSES = {"dapo", "cispo", "vespo"}
+ROW_MEAN_LOSSES = {"grpo", "sapo", "dr_grpo", "luspo"}
+LOCAL_TOKEN_LOSSES = {"bnpo"}
+
+
+@dataclass
+class NewRows:
+    """Rows ERL adds to a generation batch (token ids as lists, one advantage each)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    advantages: list[float]
+    valid: list[bool]  # False: inert (count equalising or filler); pad-only completion
+    trainable: list[bool]  # False: kept but masked, as GRPO masks truncated completions
+    # Per-token log-probs the generator reported for each row (vLLM), else None.
+    sampling_logps: list[list[float] | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.sampling_logps:
+            self.sampling_logps = [None] * len(self.valid)
+
+    def extend(self, other: NewRows) -> None:
+        self.prompt_ids += other.prompt_ids
+        self.completion_ids += other.completion_ids
+        self.advantages += other.advantages
+        self.valid += other.valid
+        self.trainable += other.trainable
+        self.sampling_logps += other.sampling_logps
+
+    def add_filler(self, count: int) -> None:
+        """Append `count` inert rows (they only round the row count up)."""
+        self.extend(
+            NewRows(
+                [self.prompt_ids[0]] * count,
+                [[]] * count,
+                [0.0] * count,
+                [False] * count,
+                [False] * count,
+            )
+        )
+
+
+def pad_rows(rows: NewRows, pad_id: int, device, multiple: int | None = None) -> dict:
+    """Left-padded prompts and right-padded completions. Inert rows get a pad-only
+    completion (a base that rebuilds the mask from token ids then trains nothing there);
+    masked rows keep their tokens under a zero mask, as GRPO's own truncated rows do."""
+    prompts = [torch.tensor(p, dtype=torch.long) for p in rows.prompt_ids]
+    completions = [
+        torch.tensor(c if ok and c else [pad_id], dtype=torch.long)
+        for c, ok in zip(rows.completion_ids, rows.valid)
+    ]
+    completion_mask = [
+        torch.full_like(c, int(ok and train and len(raw) > 0))
+        for c, raw, ok, train in zip(completions, rows.completion_ids, rows.valid, rows.trainable)
+    ]
+
+    def padded(tensors, value, side):
+        return pad(tensors, padding_value=value, padding_side=side, pad_to_multiple_of=multiple).to(
+            device
+        )
+
+    return {
+        "prompt_ids": padded(prompts, pad_id, "left"),
+        "prompt_mask": padded([torch.ones_like(p) for p in prompts], 0, "left"),
+        "completion_ids": padded(completions, pad_id, "right"),
+        "completion_mask": padded(completion_mask, 0, "right"),
+    }
+
+
+def cat_padded(
+    a: torch.Tensor, b: torch.Tensor, value, side: str, multiple: int | None = None
+) -> torch.Tensor:
+    """Concatenate two (rows, length) tensors along rows, padding to the longer length
+    (rounded up to `multiple`, the trainer's `pad_to_multiple_of`)."""
+    width = max(a.size(1), b.size(1))
+    if multiple:
+        width = math.ceil(width / multiple) * multiple
+
+    def widen(t: torch.Tensor) -> torch.Tensor:
+        extra = width - t.size(1)
+        if extra == 0:
+            return t
+        filler = torch.full((t.size(0), extra), value, dtype=t.dtype, device=t.device)
+        return torch.cat([filler, t] if side == "left" else [t, filler], dim=1)
+
+    return torch.cat([widen(a), widen(b).to(a.device)], dim=0)
+
+
+def completion_layout(
+    logps: torch.Tensor, prompt_mask: torch.Tensor, completion_width: int
+) -> torch.Tensor:
+    """Per-token log-probs in TRL's layout (token j in column j), from either layout.
+
+    Unsloth's packed layout has width C + M: token j of a row with left padding p is in
+    column M - p + j (the inverse of its `align_logprobs_with_mask`)."""
+    extra = logps.size(1) - completion_width
+    if extra == 0:
+        return logps
+    left_pad = (prompt_mask == 0).sum(dim=1)
+    columns = (extra - left_pad).unsqueeze(1) + torch.arange(completion_width, device=logps.device)
+    return logps.gather(1, columns.clamp(max=logps.size(1) - 1))
+
+
+def loss_token_mask(batch: dict, pad_id: int, unsloth: bool, mask_truncated: bool) -> torch.Tensor:
+    """The completion tokens the base trainer's loss counts: TRL's completion_mask, or, for
+    Unsloth, the non-pad tokens (it rebuilds the mask from the ids) of rows it keeps."""
+    mask = batch["completion_mask"]
+    if not unsloth:
+        return mask
+    rebuilt = (batch["completion_ids"] != pad_id).to(mask.dtype)
+    if mask_truncated:  # Unsloth re-applies the rows TRL emptied for truncation
+        rebuilt = rebuilt * (mask.sum(dim=1, keepdim=True) > 0).to(mask.dtype)
+    return rebuilt
+
+
+def importance_sampling_ratio(
+    old: torch.Tensor,
+    sampling: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    clip_min: float | None,
+    clip_max: float | None,
+) -> torch.Tensor:
+    """TRL 1.15's vLLM importance-sampling correction (its `_generate_and_score_completions`),
+    for rows ERL adds: (B, C) for token modes, (B, 1) for sequence modes."""
+    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+    if mode in ("sequence_mask", "sequence_truncate"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode in ("sequence_truncate", "token_truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    low = clip_min if clip_min is not None else -math.inf
+    high = clip_max if clip_max is not None else math.inf
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+def select_rows(batch: dict, rows: torch.Tensor) -> dict:
+    """The batch restricted to `rows` (a bool mask or indices); scalars are kept."""
+    return {
+        key: value[rows] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
+        for key, value in batch.items()
+    }
+
+
+def micro_batches(
+    batch: dict, limit: int, loss_type: str, token_mask: torch.Tensor
+) -> list[tuple[dict, float]]:
+    """Split a training chunk into consecutive micro-batches of at most `limit` rows, each
+    with the weight that makes the weighted sum of their losses the loss of the chunk."""
+    rows = batch["prompt_ids"].size(0)
+    if rows <= limit:
+        return [(batch, 1.0)]
+    if loss_type not in GLOBAL_TOKEN_LOSSES | ROW_MEAN_LOSSES | LOCAL_TOKEN_LOSSES:
+        raise ValueError(f"ERLTrainer cannot micro-batch loss_type={loss_type!r}")
+    total_tokens = token_mask.sum().clamp(min=1).item()
+    parts = []
+    for start in range(0, rows, limit):
+        index = torch.arange(start, min(start + limit, rows), device=token_mask.device)
+        if loss_type in GLOBAL_TOKEN_LOSSES:
+            weight = 1.0
+        elif loss_type in ROW_MEAN_LOSSES:
+            weight = len(index) / rows
+        else:  # bnpo: a local token mean; an empty part's loss is 0 whatever its weight
+            weight = token_mask[index].sum().item() / total_tokens
+        parts.append((select_rows(batch, index), weight))
+    return parts
+
+
+def merge_rows(trainer, output: dict, rows: NewRows) -> dict:
+    """Append `rows` to GRPO's batch `output` in the base trainer's layout.
+
+    Re-pads, gives the new rows every per-row tensor the batch has, pads the row count to a
+    multiple of `steps_per_generation` with inert rows (TRL drops the rest when it splits
+    the batch), flags the inert rows and recounts `num_items_in_batch`."""
+    unknown = sorted(set(output) - ROW_KEYS - SCALAR_KEYS)
+    if unknown:  # ERLTrainer refuses the known cases when it is built; this is the backstop
+        raise NotImplementedError(f"ERLTrainer cannot add rows to a batch with {unknown}")
+    device = output["prompt_ids"].device
+    pad_id = trainer._tokenizer.pad_token_id
+    multiple = trainer.pad_to_multiple_of
+    # Every process adds the same number of rows, a multiple of the split.
+    counts = trainer.accelerator.gather(torch.tensor([len(rows.valid)], device=device))
+    target = int(counts.max().item())
+    target += -(output["prompt_ids"].size(0) + target) % trainer.args.steps_per_generation
+    rows.add_filler(target - len(rows.valid))
+    new = pad_rows(rows, pad_id, device, multiple)
+    new["advantages"] = torch.tensor(
+        rows.advantages, device=device, dtype=output["advantages"].dtype
+    )
+
+    merged = {
+        "prompt_ids": cat_padded(output["prompt_ids"], new["prompt_ids"], pad_id, "left", multiple),
+        "prompt_mask": cat_padded(output["prompt_mask"], new["prompt_mask"], 0, "left", multiple),
+        "completion_ids": cat_padded(
+            output["completion_ids"], new["completion_ids"], pad_id, "right", multiple
+        ),
+        "completion_mask": cat_padded(
+            output["completion_mask"], new["completion_mask"], 0, "right", multiple
+        ),
+        "advantages": torch.cat([output["advantages"], new["advantages"]]),
+    }
+    before = output["prompt_ids"].size(0)
+    inert = torch.zeros(merged["prompt_ids"].size(0), dtype=torch.bool, device=device)
+    inert[before:] = ~torch.tensor(rows.valid, dtype=torch.bool, device=device)
+    merged[INERT_KEY] = inert
+
+    # Optional tensors exist only in some configurations (vLLM, beta > 0, generation reuse):
+    # the merged batch has one exactly when GRPO's batch has it. Old and reference log-probs
+    # are recomputed over the whole merged batch, since GRPO's rows were re-padded and the
+    # base's own scorer (TRL's layout or Unsloth's packed one) must see one batch.
+    has = {
+        k
+        for k in (
+            "old_per_token_logps",
+            "ref_per_token_logps",
+            "sampling_per_token_logps",
+            "importance_sampling_ratio",
+        )
+        if output.get(k) is not None
+    }
+    current = None
+    if has & {"old_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio"}:
+        current = trainer._logps(trainer.model, merged)
+    if "old_per_token_logps" in has:
+        merged["old_per_token_logps"] = current
+    if "sampling_per_token_logps" in has:
+        width = merged["completion_ids"].size(1)
+        ours = completion_layout(current, merged["prompt_mask"], width)[before:].clone()
+        # Rows the generator reported log-probs for (vLLM) keep them: the importance ratio
+        # then corrects for the sampler as it does for first attempts. Internalization rows
+        # (original prompt -> y2) were not sampled from that prompt: current log-probs,
+        # ratio 1, which keeps their loss the gradient of cross-entropy.
+        for j, reported in enumerate(rows.sampling_logps):
+            if reported is not None:  # vLLM reports an unavailable log-prob as None: NaN, as TRL
+                values = [float("nan") if x is None else x for x in reported]
+                values = torch.tensor(values, dtype=ours.dtype, device=device)[:width]
+                ours[j, : values.numel()] = values
+        sampling = output["sampling_per_token_logps"]
+        merged["sampling_per_token_logps"] = cat_padded(
+            sampling, ours.to(sampling.dtype), 0.0, "right", multiple
+        )
+    if "ref_per_token_logps" in has:
+        merged["ref_per_token_logps"] = trainer._ref_logps(merged)
+    if "importance_sampling_ratio" in has:  # TRL's layout (Unsloth computes it in its loss)
+        args = trainer.args
+        ratio = output["importance_sampling_ratio"]  # (B, T) per token or (B, 1) per sequence
+        sampling = merged.get("sampling_per_token_logps")
+        old = completion_layout(current, merged["prompt_mask"], merged["completion_ids"].size(1))
+        ours = importance_sampling_ratio(
+            old[before:],
+            (sampling if sampling is not None else old)[before:],
+            merged["completion_mask"][before:],
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+        )
+        merged["importance_sampling_ratio"] = cat_padded(
+            ratio, ours.to(ratio.dtype), 1.0, "right", multiple
+        )
+    if "max_left_pad" in output:  # Unsloth: the widest left padding of the batch, per row
+        left_pad = int((merged["prompt_mask"] == 0).sum(dim=1).max().item())
+        merged["max_left_pad"] = torch.full(
+            (merged["prompt_ids"].size(0), 1), left_pad, dtype=output["max_left_pad"].dtype
+        )
+    merged["num_items_in_batch"] = trainer.accelerator.gather(merged["completion_mask"].sum()).sum()
+    return merged

@@ -1,0 +1,136 @@
+"""pipeline.erl_batch: ERL's rows in the base trainer's layout (TRL's here; Unsloth's in
+tests/test_erl_bases.py, run on its trainer by tests/test_unsloth_trainer.py)."""
+
+from __future__ import annotations
+
+import torch
+from conftest import length_reward
+
+from pipeline import ERLTrainer
+from pipeline.erl_batch import (
+    INERT_KEY,
+    NewRows,
+    cat_padded,
+    completion_layout,
+    importance_sampling_ratio,
+    micro_batches,
+)
+
+
+def test_cat_padded_keeps_pad_to_multiple_of_when_new_rows_are_wider():
+    a = torch.ones(2, 8, dtype=torch.long)  # GRPO's batch, padded to a multiple of 8
+    b = torch.full((1, 11), 2, dtype=torch.long)
+    merged = cat_padded(a, b, 0, "right", multiple=8)
+    assert merged.shape == (3, 16) and merged[0, 8:].sum() == 0 and merged[2, 11:].sum() == 0
+    assert cat_padded(a, b, 0, "left").shape == (3, 11)
+    assert cat_padded(a, b, 0, "left", multiple=8)[2, :5].tolist() == [0] * 5
+
+
+def test_completion_layout_undoes_unsloths_packed_layout():
+    """Packed: width C + M, token j of a row with left padding p in column M - p + j."""
+    prompt_mask = torch.tensor([[0, 0, 1], [1, 1, 1], [0, 1, 1]])
+    trl = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    m = 2
+    packed = torch.zeros(3, 2 + m)
+    for row, p in enumerate((2, 0, 1)):
+        packed[row, m - p : m - p + 2] = trl[row]
+    assert torch.equal(completion_layout(packed, prompt_mask, 2), trl)
+    assert completion_layout(trl, prompt_mask, 2) is trl
+
+
+def test_importance_sampling_ratio_follows_trls_modes():
+    old = torch.tensor([[-1.0, -2.0, 0.0]])
+    sampling = torch.tensor([[-1.5, -1.0, -9.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    token = importance_sampling_ratio(old, sampling, mask, "token_truncate", None, 2.0)
+    torch.testing.assert_close(token, torch.tensor([[1.6487, 0.3679, 1.0]]), atol=1e-4, rtol=0)
+    sequence = importance_sampling_ratio(old, sampling, mask, "sequence_mask", None, 3.0)
+    torch.testing.assert_close(sequence, torch.exp(torch.tensor([[-0.5]])))
+    masked = importance_sampling_ratio(old, sampling, mask, "token_mask", 0.5, 1.5)
+    assert masked.tolist()[0][:2] == [0.0, 0.0]
+
+
+def test_micro_batch_weights_add_up_to_the_chunk():
+    batch = {
+        "prompt_ids": torch.zeros(5, 2),
+        "completion_mask": torch.tensor([[1, 1], [1, 0], [0, 0], [1, 1], [1, 0]]),
+        "num_items_in_batch": torch.tensor(6),
+    }
+    mask = batch["completion_mask"]
+    assert micro_batches(batch, 5, "grpo", mask) == [(batch, 1.0)]
+    rows = micro_batches(batch, 2, "grpo", mask)
+    assert [w for _, w in rows] == [0.4, 0.4, 0.2]
+    assert [p["prompt_ids"].size(0) for p, _ in rows] == [2, 2, 1]
+    assert all(p["num_items_in_batch"] is batch["num_items_in_batch"] for p, _ in rows)
+    assert [w for _, w in micro_batches(batch, 2, "bnpo", mask)] == [0.5, 1 / 3, 1 / 6]
+    assert [w for _, w in micro_batches(batch, 2, "dapo", mask)] == [1.0, 1.0, 1.0]
+
+
+def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    """Optional per-token tensors get rows exactly when GRPO's batch has them; the row
+    count becomes a multiple of steps_per_generation with inert pad-only rows; reported
+    sampling log-probs are kept and give the importance ratio TRL would compute."""
+    from pipeline.erl_batch import merge_rows
+
+    args = erl_args(steps_per_generation=4, beta=0.1)
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=args,
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+    )
+    b, p, c = 8, 5, 3
+    output = {
+        "prompt_ids": torch.ones(b, p, dtype=torch.long),
+        "prompt_mask": torch.ones(b, p, dtype=torch.long),
+        "completion_ids": torch.ones(b, c, dtype=torch.long),
+        "completion_mask": torch.ones(b, c, dtype=torch.long),
+        "advantages": torch.zeros(b),
+        "num_items_in_batch": torch.tensor(b * c),
+        "ref_per_token_logps": torch.zeros(b, c),
+        "old_per_token_logps": torch.zeros(b, c),
+        "sampling_per_token_logps": torch.full((b, c), -0.25),
+        "importance_sampling_ratio": torch.full((b, 1), 0.5),
+    }
+    reported = [-1.0, -2.0, None, -1.0, -1.0]  # vLLM's log-probs for row 8 (None: unavailable)
+    rows = NewRows(
+        [[5, 6], [7]],
+        [[8, 9, 10, 11, 12], [13]],
+        [0.5, -0.5],
+        [True, True],
+        [True, True],
+        [reported, None],
+    )
+    merged = merge_rows(trainer, output, rows)
+    pad_id = trainer._tokenizer.pad_token_id
+    assert merged["prompt_ids"].size(0) == 12  # 8 + 2 real + 2 filler, a multiple of 4
+    assert merged["completion_ids"].shape == (12, 5)
+    assert merged[INERT_KEY].tolist() == [False] * 10 + [True] * 2
+    # Old/reference log-probs are recomputed over the merged batch with the policy's scorer.
+    logps = trainer._logps(trainer.model, merged)
+    torch.testing.assert_close(merged["old_per_token_logps"], logps)
+    assert merged["ref_per_token_logps"].shape == (12, 5)
+    # GRPO's rows keep their sampling log-probs; row 8 keeps vLLM's, row 9 (none reported)
+    # gets the current ones.
+    sampling = merged["sampling_per_token_logps"]
+    assert torch.equal(sampling[:b, :c], torch.full((b, c), -0.25))
+    assert sampling[8, [0, 1, 3, 4]].tolist() == [-1.0, -2.0, -1.0, -1.0]
+    assert torch.isnan(sampling[8, 2])
+    torch.testing.assert_close(sampling[9, :1], logps[9, :1])
+    # New rows' importance ratio is TRL's (sequence_mask by default) from old vs sampling.
+    ratio = merged["importance_sampling_ratio"].squeeze(1)
+    assert ratio[:b].tolist() == [0.5] * b
+    diff = (logps[8] - sampling[8]).nan_to_num(0.0).sum()
+    expected = torch.exp(diff) if torch.exp(diff) <= args.vllm_importance_sampling_clip_max else 0
+    torch.testing.assert_close(ratio[8], torch.as_tensor(expected, dtype=ratio.dtype))
+    torch.testing.assert_close(ratio[9], torch.tensor(1.0))
+    # Filler rows: a pad-only completion under a zero mask.
+    assert merged["completion_mask"][10:].sum() == 0
+    assert (merged["completion_ids"][10:] == pad_id).all()
+    assert merged["completion_mask"][8].tolist() == [1, 1, 1, 1, 1]
+    assert merged["completion_mask"][9].tolist() == [1, 0, 0, 0, 0]
+    assert merged["prompt_ids"][9].tolist() == [pad_id] * 4 + [7]
+    assert merged["advantages"][8:].tolist() == [0.5, -0.5, 0.0, 0.0]
+    assert merged["num_items_in_batch"].item() == b * c + 6

@@ -1,0 +1,46 @@
+"""ERL on Unsloth's own generated GRPOTrainer, on this CPU.
+
+`import unsloth` must come before trl, and this process already imported trl, so the
+both-bases suite runs again in one fresh pytest process with the Unsloth backend and its
+CPU opt-in (`ERL_BACKEND=unsloth ERL_UNSLOTH_CPU_TRAINER=1`). Generating Unsloth's trainer
+costs ~30 s per process, hence one process for all of it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SUITE = ["tests/test_erl_bases.py", "tests/test_erl_internalization.py"]
+
+
+@pytest.mark.slow
+def test_both_bases_suite_passes_on_unsloths_trainer(tmp_path):
+    report = tmp_path / "unsloth.xml"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "ERL_BACKEND": "unsloth",
+        "ERL_UNSLOTH_CPU_TRAINER": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITE]
+        + [f"--junitxml={report}", f"--basetemp={tmp_path / 'tmp'}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert report.exists(), done.stdout[-4000:] + done.stderr[-4000:]
+    suite = ET.parse(report).getroot().find("testsuite")
+    counts = {k: int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped")}
+    assert done.returncode == 0 and counts["failures"] == counts["errors"] == 0, done.stdout[-6000:]
+    # Nothing skipped: every test ran on Unsloth's trainer (one module test asserts the base).
+    assert counts["skipped"] == 0 and counts["tests"] >= 14, counts
