@@ -252,6 +252,7 @@ class ERLTrainer(GRPOTrainer):
             r2=r2,
             valid=scored,
             scale=self.args.scale_rewards != "none",
+            mode=self.args.retry_advantage,
         )
         success = [v and r >= self.args.reward_threshold for v, r in zip(scored, r2.tolist())]
         self._remember(
@@ -562,10 +563,16 @@ class ERLTrainer(GRPOTrainer):
 
 
 def _retry_advantages(
-    groups: list[str], r1: torch.Tensor, r2: torch.Tensor, valid: list[bool], scale: bool
+    groups: list[str],
+    r1: torch.Tensor,
+    r2: torch.Tensor,
+    valid: list[bool],
+    scale: bool,
+    mode: str = "group",
 ) -> list[float]:
-    """Advantage of each retry: r2 normalised within the retries of the same prompt; a
-    retry alone in its group gets r2 - r1."""
+    """Advantage of each retry. `mode="group"`: r2 normalised within the retries of the
+    same prompt, a retry alone in its group r2 - r1. `mode="improvement"`: r2 - r1 for
+    every retry (a group whose retries all succeed would otherwise get 0 everywhere)."""
     members: dict[str, list[int]] = defaultdict(list)
     for j, (key, ok) in enumerate(zip(groups, valid)):
         if ok:
@@ -573,8 +580,9 @@ def _retry_advantages(
     advantages = [0.0] * len(groups)
     r1, r2 = torch.nan_to_num(r1), torch.nan_to_num(r2)
     for rows in members.values():
-        if len(rows) == 1:
-            advantages[rows[0]] = (r2[rows[0]] - r1[rows[0]]).item()
+        if len(rows) == 1 or mode == "improvement":
+            for j in rows:
+                advantages[j] = (r2[j] - r1[j]).item()
             continue
         values = r2[rows]
         centred = values - values.mean()

@@ -41,10 +41,12 @@ def sft_warmup(
     learning_rate: float,
     args,
     output_dir: str,
+    dataset: Dataset | None = None,
 ) -> list[dict]:
     """Train `model` in place for `steps` SFT steps; returns the trainer's log history.
 
     `args` (the run's ERLConfig) lends the device and precision settings and `report_to`.
+    `dataset` (prompt-completion rows) replaces the `examples` reference solutions at `level`.
     """
     config = SFTConfig(
         output_dir=output_dir,
@@ -63,9 +65,10 @@ def sft_warmup(
         completion_only_loss=True,
         disable_tqdm=args.disable_tqdm,
     )
-    dataset = reference_dataset(
-        task, level, examples, seed=900_000 + args.seed
-    )  # below the held-out seeds (10**6)
+    if dataset is None:
+        dataset = reference_dataset(
+            task, level, examples, seed=900_000 + args.seed
+        )  # below the held-out seeds (10**6)
     trainer = SFTTrainer(
         model=model, args=config, train_dataset=dataset, processing_class=tokenizer
     )
