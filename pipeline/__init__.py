@@ -18,12 +18,14 @@ if TYPE_CHECKING:
     from pipeline.erl_config import ERLConfig
     from pipeline.erl_trainer import ERLTrainer
     from pipeline.memory import ReflectionMemory
+    from pipeline.smollm2 import build_smollm2
     from pipeline.tiny_model import build_tiny_model
 
 _LAZY = {
     "ERLConfig": "pipeline.erl_config",
     "ERLTrainer": "pipeline.erl_trainer",
     "ReflectionMemory": "pipeline.memory",
+    "build_smollm2": "pipeline.smollm2",
     "build_tiny_model": "pipeline.tiny_model",
 }
 
@@ -33,6 +35,7 @@ __all__ = [
     "ReflectionMemory",
     "activate_backend",
     "active_backend",
+    "build_smollm2",
     "build_tiny_model",
 ]
 

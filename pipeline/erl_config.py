@@ -24,6 +24,7 @@ DEFAULT_REFLECTION_PROMPT = (
 DEFAULT_RETRY_PROMPT = "{prompt}\n\nAdvice from a previous attempt: {reflection}"
 
 REFLECTION_PLACEHOLDERS = ("prompt", "attempt", "feedback", "reward", "memory")
+RETRY_ADVANTAGES = ("group", "improvement")
 RETRY_PLACEHOLDERS = ("prompt", "reflection")
 
 
@@ -91,6 +92,14 @@ class ERLConfig(GRPOConfig):
         default=True,
         metadata={"help": "Distil successful retries into answers to the original prompt."},
     )
+    retry_advantage: str = field(
+        default="group",
+        metadata={
+            "help": "Advantage of reflection and retry rows. 'group': r2 normalised among the "
+            "retries of the same prompt (a lone retry: r2 - r1). 'improvement': r2 - r1 for "
+            "every retry, so retries that all succeed are still reinforced."
+        },
+    )
     reflection_max_completion_length: int | None = field(
         default=None,
         metadata={
@@ -115,6 +124,10 @@ class ERLConfig(GRPOConfig):
         if not (math.isfinite(self.internalization_coef) and self.internalization_coef >= 0):
             raise ValueError(
                 f"internalization_coef must be a finite number >= 0, got {self.internalization_coef}"
+            )
+        if self.retry_advantage not in RETRY_ADVANTAGES:
+            raise ValueError(
+                f"retry_advantage must be one of {list(RETRY_ADVANTAGES)}, got {self.retry_advantage!r}"
             )
         if (
             self.reflection_max_completion_length is not None

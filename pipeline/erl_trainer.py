@@ -268,6 +268,7 @@ class ERLTrainer(GRPOTrainer):
             r2=r2,
             valid=scored,
             scale=self.args.scale_rewards != "none",
+            mode=self.args.retry_advantage,
         )
         success = [
             v and reaches_threshold(r, self.args.reward_threshold)
@@ -314,7 +315,13 @@ class ERLTrainer(GRPOTrainer):
         return new_rows
 
     def _global_retry_advantages(
-        self, groups: list[str], r1: torch.Tensor, r2: torch.Tensor, valid: list[bool], scale: bool
+        self,
+        groups: list[str],
+        r1: torch.Tensor,
+        r2: torch.Tensor,
+        valid: list[bool],
+        scale: bool,
+        mode: str = "group",
     ) -> list[float]:
         """`_retry_advantages` over the retries of every process, sliced back to this one's.
 
@@ -324,7 +331,7 @@ class ERLTrainer(GRPOTrainer):
         Every process holds the same number of rows here (padded to the global maximum).
         """
         if self.accelerator.num_processes == 1:
-            return _retry_advantages(groups, r1=r1, r2=r2, valid=valid, scale=scale)
+            return _retry_advantages(groups, r1=r1, r2=r2, valid=valid, scale=scale, mode=mode)
         valid_mask = torch.tensor(valid, device=r2.device, dtype=torch.long)
         advantages = _retry_advantages(
             gather_object(groups),
@@ -332,6 +339,7 @@ class ERLTrainer(GRPOTrainer):
             r2=self.accelerator.gather(r2),
             valid=self.accelerator.gather(valid_mask).bool().tolist(),
             scale=scale,
+            mode=mode,
         )
         start = self.accelerator.process_index * len(groups)
         return advantages[start : start + len(groups)]
@@ -594,10 +602,16 @@ class ERLTrainer(GRPOTrainer):
 
 
 def _retry_advantages(
-    groups: list[str], r1: torch.Tensor, r2: torch.Tensor, valid: list[bool], scale: bool
+    groups: list[str],
+    r1: torch.Tensor,
+    r2: torch.Tensor,
+    valid: list[bool],
+    scale: bool,
+    mode: str = "group",
 ) -> list[float]:
-    """Advantage of each retry: r2 normalised within the retries of the same prompt; a
-    retry alone in its group gets r2 - r1."""
+    """Advantage of each retry. `mode="group"`: r2 normalised within the retries of the
+    same prompt, a retry alone in its group r2 - r1. `mode="improvement"`: r2 - r1 for
+    every retry (a group whose retries all succeed would otherwise get 0 everywhere)."""
     members: dict[str, list[int]] = defaultdict(list)
     for j, (key, ok) in enumerate(zip(groups, valid)):
         if ok:
@@ -605,8 +619,9 @@ def _retry_advantages(
     advantages = [0.0] * len(groups)
     r1, r2 = torch.nan_to_num(r1), torch.nan_to_num(r2)
     for rows in members.values():
-        if len(rows) == 1:
-            advantages[rows[0]] = (r2[rows[0]] - r1[rows[0]]).item()
+        if len(rows) == 1 or mode == "improvement":
+            for j in rows:
+                advantages[j] = (r2[j] - r1[j]).item()
             continue
         values = r2[rows]
         centred = values - values.mean()

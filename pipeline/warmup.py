@@ -50,12 +50,14 @@ def sft_warmup(
     args,
     output_dir: str,
     tensorboard_dir: Path | None = None,
+    dataset: Dataset | None = None,
 ) -> list[dict]:
     """Train `model` in place for `steps` SFT steps; returns the trainer's log history.
 
     `args` (the run's ERLConfig) lends the device and precision settings, `report_to`
     (TensorBoard events go to `tensorboard_dir`) and the console settings: a progress bar
     unless `disable_tqdm`, the logged dictionaries too at `log_level` info or debug.
+    `dataset` (prompt-completion rows) replaces the `examples` reference solutions at `level`.
     """
     config = SFTConfig(
         output_dir=output_dir,
@@ -74,9 +76,10 @@ def sft_warmup(
         completion_only_loss=True,
         disable_tqdm=args.disable_tqdm,
     )
-    dataset = reference_dataset(
-        task, level, examples, seed=900_000 + args.seed
-    )  # below the held-out seeds (10**6)
+    if dataset is None:
+        dataset = reference_dataset(
+            task, level, examples, seed=900_000 + args.seed
+        )  # below the held-out seeds (10**6)
     trainer = SFTTrainer(
         model=model, args=config, train_dataset=dataset, processing_class=tokenizer
     )

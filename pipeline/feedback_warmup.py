@@ -1,0 +1,142 @@
+"""A feedback-reading warm-up: SFT rows that teach a small model to use ERL's feedback.
+
+ERL helps only a policy that can turn feedback into a better second attempt. The
+project's tiny model cannot do that out of the box, so this module builds SFT rows in
+exactly the shape `ERLTrainer` produces at training time, from wrong first attempts whose
+feedback carries real information:
+
+- a *reflection* row: the reflection template filled with the prompt, a wrong attempt,
+  the feedback the run's `feedback_func` gives for it, its reward and some memory
+  -> a short reflection that states the fix;
+- a *retry* row: the original prompt rewritten by the retry template with that
+  reflection -> the correct answer.
+
+Two feedback kinds (`style`), both produced by the real feedback function:
+
+- `"distance"`: the arithmetic milestones feedback ("The answer 5 is wrong: it is too
+  low. The answer 5 is off by 3."); the reflection computes the fix ("5 + 3 = 8.");
+- `"reveal"`: the task's `reveal_answer` feedback ("... The correct answer is 8."); the
+  reflection restates it ("The answer is 8.").
+
+`sft_warmup(..., dataset=feedback_dataset(...))` (pipeline/warmup.py) trains on them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from curriculum.tasks.base import Row, Task
+
+STYLES = ("distance", "reveal")
+
+# The memory line when nothing is retrieved, as ERLTrainer writes it.
+NO_MEMORY = "(none yet)"
+
+
+def prompt_text(prompt: Any) -> str:
+    """A prompt as the templates see it: the non-assistant turns joined by newlines."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(str(m["content"]) for m in prompt if m.get("role") != "assistant")
+
+
+def memory_text(lessons: Sequence[str]) -> str:
+    """The `{memory}` value for `lessons`, as ERLTrainer writes it."""
+    return "\n".join(f"- {lesson}" for lesson in lessons) if lessons else NO_MEMORY
+
+
+def reflection_prompt(
+    prompt: Any, attempt: str, feedback: str, reward: float, memory: str, template: str
+) -> list[dict[str, str]]:
+    """The reflection prompt ERLTrainer builds for a gated conversational row."""
+    text = template.format(
+        prompt=prompt_text(prompt), attempt=attempt, feedback=feedback, reward=reward, memory=memory
+    )
+    return [{"role": "user", "content": text}]
+
+
+def retry_prompt(prompt: list[dict[str, str]], reflection: str, template: str) -> list[dict]:
+    """The retry prompt ERLTrainer builds: the last turn rewritten, the system turn kept."""
+    *context, last = prompt
+    return [
+        *context,
+        {**last, "content": template.format(prompt=last["content"], reflection=reflection)},
+    ]
+
+
+def reflection_target(attempt: int, answer: int, style: str) -> str:
+    """The reflection a feedback-reading model writes for a wrong `attempt`."""
+    if style == "reveal":
+        return f"The answer is {answer}."
+    offset = answer - attempt
+    sign = "+" if offset > 0 else "-"
+    return f"{attempt} {sign} {abs(offset)} = {answer}."
+
+
+def feedback_rows(
+    task: Task,
+    rows: Sequence[Row],
+    feedback_func: Callable[..., list[str]],
+    reward_funcs: Sequence[Callable[..., list[float]]],
+    reward_weights: Sequence[float],
+    *,
+    reflection_template: str,
+    retry_template: str,
+    style: str,
+    seed: int,
+    max_offset: int = 9,
+    memory_top_k: int = 3,
+) -> list[dict[str, Any]]:
+    """Two SFT rows (reflection, retry) per row of an integer-answer task, from a wrong
+    attempt off by 1..`max_offset`; memory holds up to `memory_top_k` other reflections.
+
+    `feedback_func`, `reward_funcs` and `reward_weights` are the ones the ERL run uses, so
+    the warm-up shows the model exactly the feedback and (weighted) reward it will read.
+    """
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    if max_offset < 1:
+        raise ValueError(f"max_offset must be >= 1, got {max_offset}")
+    rng = random.Random(seed)
+    attempts, answers = [], []
+    for row in rows:
+        answer = int(row["answer"])
+        attempts.append(answer + rng.choice([-1, 1]) * rng.randint(1, max_offset))
+        answers.append(answer)
+    completions = [[{"role": "assistant", "content": f"<answer>{a}</answer>"}] for a in attempts]
+    columns = {name: [row[name] for row in rows] for name in ("task", "level", "answer", "meta")}
+    prompts = [row["prompt"] for row in rows]
+    feedback = feedback_func(prompts=prompts, completions=completions, **columns)
+    rewards = [0.0] * len(rows)
+    for func, weight in zip(reward_funcs, reward_weights, strict=True):
+        values = func(prompts=prompts, completions=completions, **columns)
+        rewards = [r + weight * v for r, v in zip(rewards, values)]
+    reflections = [reflection_target(a, b, style) for a, b in zip(attempts, answers)]
+
+    out = []
+    for i, row in enumerate(rows):
+        # Memory at training time holds reflections that worked on other prompts.
+        lessons = [reflections[j] for j in rng.sample(range(len(rows)), rng.randint(0, 3))]
+        lessons = [lesson for lesson in lessons if lesson != reflections[i]][:memory_top_k]
+        out.append(
+            {
+                "prompt": reflection_prompt(
+                    row["prompt"],
+                    completions[i][0]["content"],
+                    feedback[i],
+                    float(rewards[i]),
+                    memory_text(lessons),
+                    reflection_template,
+                ),
+                "completion": [{"role": "assistant", "content": reflections[i]}],
+            }
+        )
+        out.append(
+            {
+                "prompt": retry_prompt(row["prompt"], reflections[i], retry_template),
+                "completion": [{"role": "assistant", "content": task.reference(row)}],
+            }
+        )
+    return out

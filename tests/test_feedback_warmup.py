@@ -1,0 +1,139 @@
+"""The feedback-reading warm-up rows: ERL's own prompts, real feedback, correct fixes."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from curriculum.tasks import get_task
+from pipeline.erl_config import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
+from pipeline.feedback_warmup import feedback_rows, reflection_target
+from rewards import Scorer, build_feedback_func, build_reward_funcs
+
+
+def _rows(style: str, n: int = 40):
+    task = get_task("arithmetic", reveal_answer=style == "reveal")
+    scorer = Scorer(task)
+    funcs, weights = build_reward_funcs(task, {"correctness": 1.0}, scorer=scorer)
+    signals = (
+        {"correctness": 1.0, "milestones": 1.0} if style == "distance" else {"correctness": 1.0}
+    )
+    feedback = build_feedback_func(task, signals, scorer=scorer)
+    source = task.generate(2, n, seed=3)
+    out = feedback_rows(
+        task,
+        source,
+        feedback,
+        funcs,
+        weights,
+        reflection_template=DEFAULT_REFLECTION_PROMPT,
+        retry_template=DEFAULT_RETRY_PROMPT,
+        style=style,
+        seed=0,
+    )
+    return task, source, out
+
+
+def test_distance_rows_carry_the_offset_and_the_right_fix():
+    task, source, out = _rows("distance")
+    assert len(out) == 2 * len(source)
+    for row, reflection, retry in zip(source, out[0::2], out[1::2]):
+        prompt = reflection["prompt"][0]["content"]
+        attempt = int(re.search(r"<answer>(-?\d+)</answer>", prompt).group(1))
+        answer = int(row["answer"])
+        assert attempt != answer
+        # The real feedback function's sentence, with the information needed to fix it.
+        assert f"off by {abs(answer - attempt)}" in prompt
+        assert ("too low" in prompt) == (attempt < answer)
+        assert "Reward: 0.00" in prompt  # binary reward of a wrong answer
+        fix = reflection["completion"][0]["content"]
+        a, sign, d, result = re.fullmatch(r"(-?\d+) ([+-]) (\d+) = (-?\d+)\.", fix).groups()
+        assert int(a) == attempt and int(result) == answer
+        assert attempt + (int(d) if sign == "+" else -int(d)) == answer
+        # The retry keeps the system turn and answers the original task correctly.
+        assert retry["prompt"][0] == row["prompt"][0]
+        assert fix in retry["prompt"][-1]["content"]
+        assert task.evaluate(row, retry["completion"][0]["content"]).solved
+
+
+def test_reveal_rows_restate_the_revealed_answer():
+    _, source, out = _rows("reveal", n=10)
+    for row, reflection in zip(source, out[0::2]):
+        assert f"The correct answer is {row['answer']}." in reflection["prompt"][0]["content"]
+        assert reflection["completion"][0]["content"] == f"The answer is {row['answer']}."
+
+
+def test_prompts_are_the_ones_erl_trainer_builds():
+    """Same text as ERLTrainer's reflection and retry prompts for the same inputs."""
+    from pipeline.erl_trainer import ERLTrainer, _prompt_text
+    from pipeline.feedback_warmup import memory_text, reflection_prompt, retry_prompt
+    from pipeline.memory import ReflectionMemory
+
+    row = get_task("arithmetic").generate(2, 1, seed=1)[0]
+    args = SimpleNamespace(
+        retry_system_prompt=DEFAULT_RETRY_PROMPT, enable_memory=True, memory_top_k=3
+    )
+    memory = ReflectionMemory(5)
+    memory.add(_prompt_text(row["prompt"]), "2 + 3 = 5.", step=0)
+    fake = SimpleNamespace(args=args, memory=memory)
+    trainer_memory = ERLTrainer._memory_text(fake, _prompt_text(row["prompt"]))
+    assert trainer_memory == memory_text(["2 + 3 = 5."])
+    assert ERLTrainer._memory_text(SimpleNamespace(args=args, memory=ReflectionMemory(1)), "x") == (
+        memory_text([])
+    )
+    expected = ERLTrainer._as_prompt(
+        row["prompt"],
+        DEFAULT_REFLECTION_PROMPT.format(
+            prompt=_prompt_text(row["prompt"]),
+            attempt="<answer>3</answer>",
+            feedback="F",
+            reward=0.0,
+            memory=trainer_memory,
+        ),
+    )
+    ours = reflection_prompt(
+        row["prompt"], "<answer>3</answer>", "F", 0.0, trainer_memory, DEFAULT_REFLECTION_PROMPT
+    )
+    assert ours == expected
+    assert retry_prompt(row["prompt"], "R", DEFAULT_RETRY_PROMPT) == ERLTrainer._retry_prompt(
+        fake, row["prompt"], "R"
+    )
+
+
+def test_reflection_target_and_bad_style():
+    assert reflection_target(5, 8, "distance") == "5 + 3 = 8."
+    assert reflection_target(-2, -9, "distance") == "-2 - 7 = -9."
+    assert reflection_target(5, 8, "reveal") == "The answer is 8."
+    with pytest.raises(ValueError, match="style must be one of"):
+        _rows("hint")
+
+
+def test_sft_warmup_trains_on_the_given_rows(tiny_model_dir, erl_args, tmp_path):
+    """`sft_warmup(dataset=...)` trains on those rows (not on reference solutions)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.warmup import sft_warmup
+
+    task, _, out = _rows("distance", n=16)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    history = sft_warmup(
+        model,
+        tokenizer,
+        task,
+        1,
+        steps=2,
+        examples=0,  # would be an empty reference set: the given rows are used instead
+        batch_size=8,
+        learning_rate=1e-3,
+        args=erl_args(),
+        output_dir=str(tmp_path / "sft"),
+        dataset=Dataset.from_list(out),
+    )
+    assert any("loss" in h for h in history)
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
