@@ -530,8 +530,10 @@ class ERLTrainer(GRPOTrainer):
         if inert is None:  # GRPO's own batch (gate closed, evaluation): untouched
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inputs = {k: v for k, v in inputs.items() if k != INERT_KEY}
-        if not inert.all():  # an all-inert chunk has a zero loss as it is
-            inputs = select_rows(inputs, ~inert)
+        # Several processes keep their inert rows (masked, pad-only): every process must pass
+        # the same number of rows through the loss, whose metric gathers are collective.
+        if not inert.all() and self.accelerator.num_processes == 1:
+            inputs = select_rows(inputs, ~inert)  # an all-inert chunk has a zero loss as it is
         token_mask = loss_token_mask(
             inputs,
             self._tokenizer.pad_token_id,
