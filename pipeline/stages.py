@@ -174,7 +174,8 @@ def run_stage(
             level,
             run.eval_prompts,
             max_new_tokens=args.max_completion_length,
-            weights=run.reward_signals,
+            # Programs that only watch (all weights 0, learned signals train): the task reward.
+            weights=run.reward_signals if any(run.reward_signals.values()) else None,
             progress=not args.disable_tqdm,
         )
     save_policy(model, tokenizer, memory, stage_dir)
