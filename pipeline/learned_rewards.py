@@ -257,12 +257,15 @@ class _LearnedSignal:
         values = [sum(w * h for w, h in zip(self.head_weights, hs)) for hs in heads]
         if self.pairwise:  # Bradley–Terry: P(a ≻ b) = σ(r_a − r_b) on the weighted raw score
             combined = [sum(w * x for w, x in zip(self.head_weights, r)) for r in raw]
-            index = {id(c): i for i, c in enumerate(completions)}
-            by_text = {completion_text(c): combined[index[id(c)]] for c in completions}
+            # Keyed by prompt too: the same text may answer two prompts and score differently.
+            score = {
+                (prompt_key(p), completion_text(c)): x
+                for p, c, x in zip(prompts, completions, combined)
+            }
             values = win_rates(
                 prompts,
                 completions,
-                lambda _p, a, b: _sigmoid(by_text[a] - by_text[b]),
+                lambda p, a, b: _sigmoid(score[prompt_key(p), a] - score[prompt_key(p), b]),
                 judge=self.name,
             )
         first_attempts = all(a == 1 for a in kwargs.get("attempt", [1] * len(prompts)))
