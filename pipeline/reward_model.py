@@ -231,7 +231,7 @@ def train_reward_model(
     """Train on `pairs`, save the model and its calibration to `output`; returns the summary."""
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed
     from transformers.utils import logging as hf_logging
     from trl import RewardConfig, RewardTrainer
 
@@ -261,6 +261,7 @@ def train_reward_model(
     cuda = torch.cuda.is_available()
     bf16 = cuda and torch.cuda.is_bf16_supported()
     hf_logging.set_verbosity_error()  # a fresh head's "newly initialized weights" notice
+    set_seed(seed)  # the new head's initial weights: the same run gives the same model
     model = AutoModelForSequenceClassification.from_pretrained(
         base, num_labels=1, trust_remote_code=False, dtype=torch.bfloat16 if bf16 else None
     )

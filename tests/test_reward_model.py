@@ -102,7 +102,7 @@ def reward_model(models) -> tuple[str, str, Path]:
                 "--output",
                 str(out / "rm"),
                 "--epochs",
-                "8",
+                "12",
                 "--learning_rate",
                 "3e-3",
                 "--batch_size",
