@@ -145,13 +145,23 @@ class RewardModel:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         folder = Path(path)
+        info_path = folder / INFO_FILE
+        self.info = json.loads(info_path.read_text()) if info_path.exists() else {}
         kwargs: dict[str, Any] = {"trust_remote_code": False}
         if torch.device(device or "cpu").type == "cuda":
             kwargs["dtype"] = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         if (folder / "adapter_config.json").exists():
-            from peft import AutoPeftModelForSequenceClassification
+            from peft import PeftConfig, PeftModel
 
-            model = AutoPeftModelForSequenceClassification.from_pretrained(path, **kwargs)
+            # The adapter holds the head; the base must be built with the same head count.
+            objectives = self.info.get("objectives", ["reward"])
+            base = AutoModelForSequenceClassification.from_pretrained(
+                PeftConfig.from_pretrained(path).base_model_name_or_path,
+                num_labels=len(objectives),
+                id2label=dict(enumerate(objectives)),
+                **kwargs,
+            )
+            model = PeftModel.from_pretrained(base, path)
         else:
             model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
         self.model = model.to(device or "cpu").eval()
@@ -159,8 +169,6 @@ class RewardModel:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        info_path = folder / INFO_FILE
-        self.info = json.loads(info_path.read_text()) if info_path.exists() else {}
         labels = self.model.config.id2label or {}
         self.heads = [str(labels.get(i, i)) for i in range(self.model.config.num_labels)]
         self.max_length = max_length

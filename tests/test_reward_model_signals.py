@@ -134,3 +134,31 @@ def test_a_human_feedback_function_judges_through_the_recipe(tmp_path, monkeypat
         "preferred this reply in 0 of its 2 comparisons"
         in feedback(prompts=[PROMPT], completions=["aaa"])[0]
     )
+
+
+def test_a_lora_reward_model_trains_saves_and_scores(tiny_model_dir, tmp_path):
+    from pipeline.backend import activate_backend
+
+    activate_backend()
+    from pipeline.reward_model import Pair, train_reward_model
+
+    pairs = [
+        Pair([{"role": "user", "content": f"{a}+1"}], f"<answer>{a + 1}</answer>", "no")
+        for a in range(10)
+    ]
+    summary = train_reward_model(
+        pairs,
+        tiny_model_dir,
+        str(tmp_path / "rm"),
+        use_lora=True,
+        lora_r=4,
+        epochs=1,
+        batch_size=4,
+        heldout_fraction=0.2,
+        progress=False,
+    )
+    assert (tmp_path / "rm" / "adapter_config.json").exists() and summary["heldout_pairs"] == 2
+    model = RewardModel(str(tmp_path / "rm"))
+    assert type(model.model).__name__.startswith("Peft")
+    [[score]] = model.raw_scores([pairs[0].prompt], [pairs[0].chosen])
+    assert math.isfinite(score) and 0 < model.normalise([score])[0] < 1
