@@ -123,6 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_policy(
         model_config, seed=args.seed, trust_remote_code=args.trust_remote_code
     )
+    if run.reward_models or run.preference_functions:  # learned signals, on the policy's device
+        from pipeline.learned_rewards import add_learned_signals
+
+        reward_funcs, args.reward_weights, feedback_func = add_learned_signals(
+            run.reward_models,
+            run.preference_functions,
+            reward_funcs,
+            args.reward_weights,
+            feedback_func,
+            device=next(model.parameters()).device,
+            program_feedback=any(run.reward_signals.values()),
+        )
     memory = ReflectionMemory(args.memory_size if args.enable_memory else 0)
     restored = _restore_latest(model, memory, output_dir, state)
     if restored:

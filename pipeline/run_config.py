@@ -46,6 +46,20 @@ class RunConfig:
             'a YAML mapping or JSON, e.g. \'{"correctness": 0.7, "milestones": 0.3}\'.'
         },
     )
+    reward_models: str = field(  # a mapping from YAML, a JSON string from the command line
+        default_factory=dict,
+        metadata={
+            "help": "Learned reward models beside reward_signals: name -> {path, weight, objectives, "
+            "pairwise}; see pipeline/learned_rewards.py and `python -m pipeline.reward_model`."
+        },
+    )
+    preference_functions: str = field(  # a mapping from YAML, a JSON string from the command line
+        default_factory=dict,
+        metadata={
+            "help": "Human-feedback judges scoring a group by win rate: name -> "
+            '{function: "module:function", weight}; the function is (prompt, a, b) -> [0, 1].'
+        },
+    )
     fallback_reward: float = field(
         default=-0.5, metadata={"help": "Reward of a completion that cannot be parsed or scored."}
     )
@@ -98,6 +112,15 @@ class RunConfig:
         """Parse mapping options given as JSON and reject bad values, naming them."""
         self.task_config = _mapping("task_config", self.task_config)
         self.reward_signals = _mapping("reward_signals", self.reward_signals)
+        from pipeline.learned_rewards import (
+            check_preference_function_specs,
+            check_reward_model_specs,
+        )
+
+        self.reward_models = check_reward_model_specs(_mapping("reward_models", self.reward_models))
+        self.preference_functions = check_preference_function_specs(
+            _mapping("preference_functions", self.preference_functions)
+        )
         for name in (
             "prompts_per_stage",
             "length_budget",

@@ -201,7 +201,8 @@ def run_stage(
             level,
             run.eval_prompts,
             max_new_tokens=args.max_completion_length,
-            weights=run.reward_signals,
+            # Programs that only watch (all weights 0, learned signals train): the task reward.
+            weights=run.reward_signals if any(run.reward_signals.values()) else None,
             progress=verbose(args.log_level) and not args.disable_tqdm,
         )
     kill_point("evaluated", stage)

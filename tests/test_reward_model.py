@@ -1,0 +1,190 @@
+"""A reward model trained on the tiny model end to end: it learns which sums are right.
+
+The three steps of the README on the offline tiny model: rate (correct, wrong and
+malformed replies to level-1 additions), train (`python -m pipeline.reward_model`), and
+run the curriculum with the learned model as the only training signal.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from curriculum.tasks import get_task
+from pipeline.reward_model import main, read_pairs, split_by_prompt
+
+pytestmark = pytest.mark.slow
+
+SEED = 5  # training prompts; the held-out evaluation prompts use seeds from 10**6
+
+
+def sft(model, tokenizer, steps: int, learning_rate: float) -> None:
+    """The run's own warm-up: SFT on level-1 reference solutions."""
+    from pipeline.warmup import sft_warmup
+
+    args = SimpleNamespace(
+        report_to=[], bf16=False, fp16=False, use_cpu=True, seed=0, disable_tqdm=True
+    )
+    sft_warmup(
+        model,
+        tokenizer,
+        get_task("arithmetic"),
+        1,
+        steps=steps,
+        examples=6000,
+        batch_size=64,
+        learning_rate=learning_rate,
+        args=args,
+        output_dir=str(Path(tokenizer.name_or_path).parent / "sft-trainer"),
+    )
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir, tmp_path_factory) -> dict[str, str]:
+    """The tiny model after the demo's SFT warm-up: the reward model's base and a policy."""
+    from pipeline.backend import activate_backend
+
+    activate_backend()  # before trl: the CPU stand-in for TRL's Triton kernel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("reward-model")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # Two warm-ups in a row, as measured: 300 steps teach the format (greedy success 0.09),
+    # 500 more every level-1 sum (1.0). One 800-step run gave a weaker reward model (0.83).
+    sft(model, tokenizer, steps=300, learning_rate=3e-3)
+    sft(model, tokenizer, steps=500, learning_rate=3e-3)
+    model.save_pretrained(out / "base")
+    tokenizer.save_pretrained(out / "base")
+    return {"base": str(out / "base"), "dir": str(out)}
+
+
+def rated_pairs(path: Path, n: int = 1800) -> Path:
+    """Step 1, rate: the correct reply beats a wrong sum, and any parseable reply beats a
+    malformed one."""
+    rng = random.Random(0)
+    lines = []
+    for i, row in enumerate(get_task("arithmetic").generate(1, n, seed=SEED)):
+        answer = int(row["answer"])
+        wrong = rng.choice([x for x in range(19) if x != answer])
+        right, bad = f"<answer>{answer}</answer>", f"<answer>{wrong}</answer>"
+        lines.append({"prompt": row["prompt"], "chosen": right, "rejected": bad})
+        if i % 3 == 0:
+            for reply, value in ((right, answer), (bad, wrong)):
+                malformed = rng.choice(
+                    ["", "<answer>", f"<answer>{value}", f"{value}", f"{reply}{rng.randint(0, 9)}"]
+                )
+                lines.append({"prompt": row["prompt"], "chosen": reply, "rejected": malformed})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reward_model(models) -> tuple[str, str, Path]:
+    """Step 2, train: the command line, as a user runs it; returns (folder, last line)."""
+    import contextlib
+    import io
+
+    out = Path(models["dir"])
+    pairs = rated_pairs(out / "pairs.jsonl")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(
+            [
+                "--pairs",
+                str(pairs),
+                "--base",
+                models["base"],
+                "--output",
+                str(out / "rm"),
+                "--epochs",
+                "12",
+                "--learning_rate",
+                "3e-3",
+                "--batch_size",
+                "64",
+                "--heldout_fraction",
+                "0.2",
+                "--quiet",
+            ]
+        )
+    assert code == 0
+    return str(out / "rm"), stdout.getvalue().strip().splitlines()[-1], pairs
+
+
+def test_a_reward_model_learns_to_prefer_correct_sums(reward_model):
+    from pipeline.learned_rewards import RewardModel
+
+    folder, last_line, pairs = reward_model
+    name, value = last_line.split(": ")
+    assert name == "heldout_pair_accuracy" and float(value) >= 0.9
+    info = json.loads(Path(folder, "reward_model.json").read_text())
+    assert info["heldout_pair_accuracy"] == pytest.approx(float(value), abs=1e-4)
+
+    # The arithmetic alone (both replies well formed), on prompts training never showed.
+    _, held = split_by_prompt(read_pairs(pairs), 0.2, seed=0)
+    sums = [p for p in held if p.rejected.endswith("</answer>") and p.rejected.startswith("<")]
+    model = RewardModel(folder)
+    chosen = model.raw_scores([p.prompt for p in sums], [p.chosen for p in sums])
+    rejected = model.raw_scores([p.prompt for p in sums], [p.rejected for p in sums])
+    accuracy = sum(c[0] > r[0] for c, r in zip(chosen, rejected)) / len(sums)
+    assert len(sums) > 100 and accuracy >= 0.9
+    # Calibrated: the preferred reply of a held-out pair scores well above the other.
+    high = sum(model.normalise(c)[0] for c in chosen) / len(sums)
+    low = sum(model.normalise(r)[0] for r in rejected) / len(sums)
+    assert high > 0.7 and low < 0.5
+
+
+def test_the_curriculum_trains_on_the_learned_model_alone(models, reward_model, tmp_path):
+    """Step 3, run: the recipe with the reward model as the only weighted signal."""
+    from pipeline.run import main as run_main
+
+    folder, _, _ = reward_model
+    out = tmp_path / "run"
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "tiny_reward_model.yaml"
+    code = run_main(
+        [
+            "--config",
+            str(recipe),
+            "--model_name_or_path",
+            models["base"],
+            "--build_tiny_model",
+            "false",
+            "--warmup_sft_steps",
+            "0",
+            "--reward_models",
+            json.dumps({"correct": {"path": folder, "weight": 1.0, "batch_size": 8}}),
+            "--output_dir",
+            str(out),
+            "--max_stage_steps",
+            "3",
+            "--min_stage_steps",
+            "3",
+            "--per_device_train_batch_size",
+            "16",
+            "--num_generations",
+            "4",
+            "--prompts_per_stage",
+            "64",
+            "--eval_prompts",
+            "16",
+            "--save_strategy",
+            "no",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
+    assert code == 0 and (out / "final" / "config.json").exists()
+    records = [json.loads(line) for line in (out / "stage_1" / "metrics.jsonl").open()]
+    steps = [r for r in records if "rewards/correct_reward_model/mean" in r]
+    assert len(steps) == 3
+    for r in steps:
+        # The programs only watch (weight 0): GRPO's reward is the learned signal alone.
+        assert r["reward"] == pytest.approx(r["rewards/correct_reward_model/mean"], abs=1e-4)
+        assert 0 < r["rewards/correct_reward_model/mean"] < 1
+    stage = json.loads((out / "curriculum_state.json").read_text())["stages"][0]
+    assert stage["eval_reward"] > 0.5  # evaluated with the task's own reward (the base solves it)
