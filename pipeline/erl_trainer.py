@@ -125,6 +125,8 @@ class ERLTrainer(GRPOTrainer):
                     f"ERLTrainer does not support {', '.join(enabled)} (Unsloth adds batch keys "
                     "for it that ERL's reflection and retry rows do not carry); unset it"
                 )
+        if not isinstance(model, str):
+            add_mode_switches(model)  # before the base's __init__, which reads the precision mark
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         columns = set(getattr(self.train_dataset, "column_names", None) or [])
         if self._is_vlm or columns & {"image", "images"}:

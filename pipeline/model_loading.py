@@ -168,3 +168,10 @@ def add_mode_switches(model) -> None:
         model.for_training = lambda use_gradient_checkpointing=True: model.train()
     if not hasattr(model, "for_inference"):
         model.for_inference = lambda: model.eval()
+    import torch
+
+    if not torch.cuda.is_available() and model.dtype == torch.float32:
+        # Unsloth's trainer turns a float32 model's training into fp16 mixed precision unless
+        # the model says float32 is wanted; on a CPU that autocast is slow and imprecise (its
+        # loss's gradients were 1-5% off float32 ones, in the tests that compare them).
+        model._unsloth_user_float32 = True
