@@ -27,7 +27,13 @@ def sft(model, tokenizer, steps: int, learning_rate: float) -> None:
     from pipeline.warmup import sft_warmup
 
     args = SimpleNamespace(
-        report_to=[], bf16=False, fp16=False, use_cpu=True, seed=0, disable_tqdm=True
+        report_to=[],
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        log_level="passive",
     )
     sft_warmup(
         model,
