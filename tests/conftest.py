@@ -39,9 +39,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def erl_args(tmp_path):
-    """A factory of small CPU ERLConfigs: `erl_args(reward_threshold=2.0, ...)`."""
+    """A factory of small CPU ERLConfigs: `erl_args(reward_threshold=2.0, ...)`; with
+    `config_cls=GRPOConfig`, the base trainer's config from the same settings."""
 
-    def make(**overrides):
+    def make(config_cls=None, **overrides):
         from pipeline import ERLConfig
 
         settings = dict(
@@ -59,8 +60,11 @@ def erl_args(tmp_path):
             save_strategy="no",
             seed=0,
         )
+        config_cls = config_cls or ERLConfig
+        if config_cls is not ERLConfig:
+            del settings["reflection_max_completion_length"]  # ERL's own option
         settings.update(overrides)
-        return ERLConfig(**settings)
+        return config_cls(**settings)
 
     return make
 

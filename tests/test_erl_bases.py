@@ -48,36 +48,25 @@ def load_model(folder):
     return model
 
 
+# Options Unsloth's config defaults differently from TRL's, pinned so both bases train alike
+# (Unsloth's config turns mask_truncated_completions on for an explicit dapo).
+BASE_PINS = dict(
+    optim="adamw_torch",
+    gradient_accumulation_steps=1,
+    gradient_checkpointing=False,
+    loss_type="dapo",
+    beta=0.0,
+    mask_truncated_completions=False,
+    generation_kwargs=NO_PAD,
+)
+
+
 @pytest.fixture
-def make_args(tmp_path):
-    """Small CPU configs; options Unsloth's config defaults differently are pinned."""
+def make_args(erl_args):
+    """conftest's small CPU configs with BASE_PINS; `config_cls` as there."""
 
     def make(config_cls=ERLConfig, **overrides):
-        settings = dict(
-            output_dir=str(tmp_path / "out"),
-            per_device_train_batch_size=8,
-            num_generations=4,
-            max_completion_length=12,
-            max_steps=2,
-            learning_rate=1e-3,
-            bf16=False,
-            use_cpu=True,
-            report_to=[],
-            logging_steps=1,
-            save_strategy="no",
-            seed=0,
-            optim="adamw_torch",
-            gradient_accumulation_steps=1,
-            gradient_checkpointing=False,
-            loss_type="dapo",
-            beta=0.0,
-            mask_truncated_completions=False,  # Unsloth's config turns it on for an explicit dapo
-            generation_kwargs=NO_PAD,
-        )
-        if config_cls is ERLConfig:
-            settings["reflection_max_completion_length"] = 12
-        settings.update(overrides)
-        return config_cls(**settings)
+        return erl_args(config_cls=config_cls, **{**BASE_PINS, **overrides})
 
     return make
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import alternating_reward, first_generation_batch
-from test_erl_bases import GRADIENT_TOLERANCE, NO_PAD, load_model, relative_error
+from test_erl_bases import BASE_PINS, GRADIENT_TOLERANCE, load_model, relative_error
 
 from pipeline import ERLTrainer
 
@@ -17,17 +17,7 @@ def test_internalization_gradient_equals_weighted_cross_entropy(
     tiny_model_dir, arithmetic_dataset, erl_args, coef
 ):
     reward, _ = alternating_reward()  # y1 fails, every retry succeeds -> every row internalized
-    args = erl_args(
-        reward_threshold=0.5,
-        internalization_coef=coef,
-        beta=0.0,
-        loss_type="dapo",
-        optim="adamw_torch",
-        gradient_accumulation_steps=1,
-        gradient_checkpointing=False,
-        mask_truncated_completions=False,  # Unsloth's config turns it on for an explicit dapo
-        generation_kwargs=NO_PAD,
-    )
+    args = erl_args(reward_threshold=0.5, internalization_coef=coef, **BASE_PINS)
     trainer = ERLTrainer(
         model=load_model(tiny_model_dir),
         args=args,
