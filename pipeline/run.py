@@ -31,12 +31,12 @@ from pathlib import Path
 
 from pipeline.backend import activate_backend, unsloth_patches_trainers
 from pipeline.run_config import (
-    VERBOSE_LOG_LEVELS,
     parse_run_config,
     peek_backend,
     peek_log_level,
     record_or_check_config,
     resolved_config,
+    verbose,
 )
 
 logger = logging.getLogger("pipeline.run")
@@ -44,7 +44,7 @@ logger = logging.getLogger("pipeline.run")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    quiet = peek_log_level(argv) not in VERBOSE_LOG_LEVELS
+    quiet = not verbose(peek_log_level(argv))
     if quiet:  # torch (through torchao) and bitsandbytes warn about optional CPU kernels
         for name in ("torch.utils._pytree", "bitsandbytes"):
             logging.getLogger(name).setLevel(logging.ERROR)

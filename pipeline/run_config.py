@@ -170,6 +170,12 @@ def peek_backend(argv: list[str]) -> str:
 VERBOSE_LOG_LEVELS = ("info", "debug")
 
 
+def verbose(log_level: str) -> bool:
+    """Whether the run prints every logged metric dictionary: transformers' `log_level`
+    set to info or debug (its default, passive, keeps the console quiet)."""
+    return log_level in VERBOSE_LOG_LEVELS
+
+
 def peek_log_level(argv: list[str]) -> str:
     """The `log_level` option, read before the libraries that print on import load."""
     return _peek(argv, "log_level") or "passive"

@@ -21,7 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
-from pipeline.run_config import VERBOSE_LOG_LEVELS
+from pipeline.run_config import verbose
 
 logger = logging.getLogger("pipeline.run")
 
@@ -32,12 +32,6 @@ R1, R2, GATED, FALLBACK = (
     "rewards/fallback_rate",
 )
 TENSORBOARD_DIR = "tensorboard"
-
-
-def verbose(log_level: str) -> bool:
-    """Whether the run prints every logged metric dictionary: transformers' `log_level`
-    set to info or debug (its default, passive, keeps the console quiet)."""
-    return log_level in VERBOSE_LOG_LEVELS
 
 
 def quiet_libraries() -> None:

@@ -156,7 +156,8 @@ def run_stage(
     from pipeline.erl_trainer import ERLTrainer
     from pipeline.evaluation import evaluate_first_attempts
     from pipeline.plots import plot_run
-    from pipeline.run_logging import show_stage_progress, verbose
+    from pipeline.run_config import verbose
+    from pipeline.run_logging import show_stage_progress
 
     stage, level = controller.stage, controller.level
     state.start_stage(level, controller.state_dict())  # the running entry, when resuming

@@ -14,11 +14,11 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from curriculum.tasks import Task
+from pipeline.run_config import verbose
 from pipeline.run_logging import (
     TENSORBOARD_DIR,
     RunProgress,
     show_progress,
-    verbose,
     warmup_postfix,
 )
 

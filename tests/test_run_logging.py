@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+from pipeline.run_config import verbose
 from pipeline.run_logging import (
     FALLBACK,
     GATED,
@@ -12,7 +13,6 @@ from pipeline.run_logging import (
     R2,
     RewardWatch,
     stage_postfix,
-    verbose,
 )
 
 
