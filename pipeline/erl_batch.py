@@ -213,7 +213,7 @@ def micro_batches(
         elif loss_type in ROW_MEAN_LOSSES:
             weight = len(index) / rows
         else:  # bnpo: a local token mean; an empty part's loss is 0 whatever its weight
-            weight = token_mask[index].sum().item() / total_tokens
+            weight = token_mask[index].sum().item() / total_tokens or 1.0
         parts.append((select_rows(batch, index), weight))
     return parts
 

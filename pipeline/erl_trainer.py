@@ -48,7 +48,6 @@ from trl.data_utils import is_conversational  # noqa: E402
 from trl.trainer.utils import use_adapter  # noqa: E402
 
 from pipeline.erl_batch import (  # noqa: E402
-    GLOBAL_TOKEN_LOSSES,
     INERT_KEY,
     NewRows,
     completion_layout,
@@ -542,22 +541,37 @@ class ERLTrainer(GRPOTrainer):
             unsloth=unsloth_trainer_active(),
             mask_truncated=bool(self.mask_truncated_completions),
         )
-        limit = self.args.per_device_train_batch_size
-        if unsloth_trainer_active() and self.args.loss_type not in GLOBAL_TOKEN_LOSSES:
-            # Measured on Unsloth's loss: BNPO's micro-batch weights came out 4x the chunk's
-            # gradient (cause not found); only the num_items_in_batch losses are verified.
-            limit = inputs["prompt_ids"].size(0)
-        parts = micro_batches(inputs, limit, self.args.loss_type, token_mask)
+        parts = micro_batches(
+            inputs, self.args.per_device_train_batch_size, self.args.loss_type, token_mask
+        )
         done = None
         for part, weight in parts[:-1]:
-            loss = super().compute_loss(model, part, return_outputs, num_items_in_batch) * weight
+            loss = self._weighted_loss(model, part, weight, return_outputs, num_items_in_batch)
             # What Trainer.training_step does with the returned loss, for the parts it never sees.
             with self.accelerator.no_sync(model):
                 self.accelerator.backward(loss * self._returned_loss_scale(num_items_in_batch))
             done = loss.detach() if done is None else done + loss.detach()
         part, weight = parts[-1]
-        loss = super().compute_loss(model, part, return_outputs, num_items_in_batch) * weight
+        loss = self._weighted_loss(model, part, weight, return_outputs, num_items_in_batch)
         return loss if done is None else loss + done
+
+    def _weighted_loss(self, model, part, weight, return_outputs, num_items_in_batch):
+        """`weight` x the base loss of `part`, applied to the advantages and to beta.
+
+        Multiplying the returned loss would not do: Unsloth's loss function hands autograd
+        gradients it computed in its forward and ignores the upstream gradient in its
+        backward, so a scaled loss kept its unscaled gradient (BNPO's parts came out 4x).
+        Every supported loss is linear in (advantages, beta) for a positive weight: the
+        clipped surrogate, the KL term and the normalisers; clipping and masks read only the
+        advantages' sign."""
+        if weight == 1.0:
+            return super().compute_loss(model, part, return_outputs, num_items_in_batch)
+        part = {**part, "advantages": part["advantages"] * weight}
+        beta, self.beta = self.beta, self.beta * weight  # both bases read trainer.beta
+        try:
+            return super().compute_loss(model, part, return_outputs, num_items_in_batch)
+        finally:
+            self.beta = beta
 
     def _returned_loss_scale(self, num_items_in_batch) -> float:
         """The factor Trainer.training_step (transformers 5.17, and Unsloth's rewrite of it)
