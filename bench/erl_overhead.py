@@ -1,6 +1,7 @@
 """What ERL costs on top of GRPO, measured side by side in one process.
 
-    python bench/erl_overhead.py [--steps 12] [--warmup 3] [--backend transformers|unsloth]
+    python bench/erl_overhead.py [--steps 12] [--warmup 3] [--memory_steps 4]
+                                 [--backend transformers|unsloth]
 
 Trains GRPOTrainer, ERLTrainer with the gate closed (threshold below every reward) and
 ERLTrainer with every row gated, on the offline tiny model with the same data and seed, in
@@ -11,9 +12,11 @@ interleaved rounds, and prints one `name: value` line per figure (medians over a
     erl_overhead_share       share of an all-gated ERL step spent outside generation and
                              forward/backward (scoring, feedback, templating, merging)
                              (target <= 0.05)
-    peak_memory_ratio        peak memory while training, ERL (all gated) / GRPO (CUDA:
-                             max allocated; CPU: peak resident-set growth over the start)
-                             (target <= 1.5)
+    peak_memory_ratio        peak memory of a training step above what is live at its
+                             start (weights, gradients, optimizer state), ERL (all gated) /
+                             GRPO, largest step of separate --memory_steps runs (CUDA: the
+                             allocator's peak; CPU: tensor storages counted through a
+                             TorchDispatchMode, bench/step_memory.py) (target <= 1.5)
 
 `--backend unsloth` measures on Unsloth's generated GRPOTrainer (on a CPU through the
 `ERL_UNSLOTH_CPU_TRAINER=1` opt-in, which this flag sets); GRPO is then that trainer too.
@@ -26,7 +29,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -43,6 +45,7 @@ activate_backend(BACKEND)
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from step_memory import step_memory  # noqa: E402  (bench/, the script's own folder)
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from curriculum.tasks import get_task  # noqa: E402
@@ -62,10 +65,13 @@ def feedback(completions, **kwargs):
 class Timed:
     """Mixin: accumulates wall time spent in the phases the figures are made of."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, memory=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.phase_seconds = defaultdict(float)
         self.step_seconds: list[float] = []
+        self.step_meter = (
+            memory  # a bench/step_memory.py meter, or None (not `memory`: ERL has one)
+        )
 
     def _timed(self, phase, fn, *args, **kwargs):
         start = time.perf_counter()
@@ -75,9 +81,13 @@ class Timed:
             self.phase_seconds[phase] += time.perf_counter() - start
 
     def training_step(self, *args, **kwargs):
+        if self.step_meter is not None:
+            self.step_meter.begin_step()
         start = time.perf_counter()
         out = self._timed("step", super().training_step, *args, **kwargs)
         self.step_seconds.append(time.perf_counter() - start)
+        if self.step_meter is not None:
+            self.step_meter.end_step()
         return out
 
     def _prepare_inputs(self, *args, **kwargs):
@@ -102,55 +112,30 @@ class TimedERL(Timed, ERLTrainer):
     pass
 
 
-class PeakMemory:
-    """Peak memory during a block: CUDA max allocated, or sampled resident-set growth on CPU."""
-
-    def __enter__(self):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.start = torch.cuda.memory_allocated()
-        else:
-            self.start = self.peak = _rss()
-            self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, _rss())
-
-    def __exit__(self, *exc):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            self.bytes = torch.cuda.max_memory_allocated() - self.start
-        else:
-            self._stop.set()
-            self._thread.join()
-            self.bytes = self.peak - self.start
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-
-
-def run(trainer_cls, args, model_dir, dataset, warmup, **extra):
+def run(trainer_cls, args, model_dir, dataset, warmup, measure_memory=False, **extra):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)  # Unsloth's trainer takes objects
     add_mode_switches(model)
+    memory = step_memory() if measure_memory else None
     trainer = trainer_cls(
-        model=model, args=args, train_dataset=dataset, reward_funcs=length_reward, **extra
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        reward_funcs=length_reward,
+        memory=memory,
+        **extra,
     )
-    with PeakMemory() as memory:
+    if memory is None:
         trainer.train()
-    steps = trainer.step_seconds[warmup:]
-    phases = {
-        k: v * len(steps) / len(trainer.step_seconds) for k, v in trainer.phase_seconds.items()
-    }
-    return steps, phases, sum(steps), memory.bytes
+        steps = trainer.step_seconds[warmup:]
+        phases = {
+            k: v * len(steps) / len(trainer.step_seconds) for k, v in trainer.phase_seconds.items()
+        }
+        return steps, phases, sum(steps)
+    with memory:
+        trainer.train()
+    return max(memory.steps)
 
 
 def main() -> None:
@@ -163,6 +148,9 @@ def main() -> None:
         "--rounds", type=int, default=2, help="interleaved rounds of the three variants"
     )
     parser.add_argument("--batch", type=int, default=16, help="completions per step")
+    parser.add_argument(
+        "--memory_steps", type=int, default=4, help="steps of each separate memory run"
+    )
     parser.add_argument("--max_completion_length", type=int, default=24)
     parser.add_argument(
         "--backend",
@@ -200,45 +188,50 @@ def main() -> None:
         weight_decay=0.0,
     )
 
+    def config(cls, name, steps, **erl):
+        return cls(output_dir=str(work / name), **{**common, "max_steps": steps}, **erl)
+
     configs = {
-        "grpo": (TimedGRPO, lambda i: GRPOConfig(output_dir=str(work / f"grpo{i}"), **common), {}),
+        "grpo": (TimedGRPO, lambda i, n: config(GRPOConfig, f"grpo{i}", n), {}),
         "erl_gate_closed": (
             TimedERL,
-            lambda i: ERLConfig(
-                output_dir=str(work / f"closed{i}"), reward_threshold=-1.0, **common
-            ),
+            lambda i, n: config(ERLConfig, f"closed{i}", n, reward_threshold=-1.0),
             {"feedback_func": feedback},
         ),
         "erl_all_gated": (
             TimedERL,
-            lambda i: ERLConfig(output_dir=str(work / f"gated{i}"), reward_threshold=2.0, **common),
+            lambda i, n: config(ERLConfig, f"gated{i}", n, reward_threshold=2.0),
             {"feedback_func": feedback},
         ),
     }
     # Interleaved rounds, so that drift in the machine's load affects every variant alike.
-    steps, memory, phases, totals = (
-        defaultdict(list),
-        defaultdict(list),
-        defaultdict(float),
-        defaultdict(float),
-    )
+    steps, phases, totals = defaultdict(list), defaultdict(float), defaultdict(float)
     for round_index in range(opts.rounds):
         for name, (cls, make_args, extra) in configs.items():
-            step_times, round_phases, total, peak = run(
-                cls, make_args(round_index), model_dir, dataset, opts.warmup, **extra
+            step_times, round_phases, total = run(
+                cls,
+                make_args(round_index, opts.warmup + opts.steps),
+                model_dir,
+                dataset,
+                opts.warmup,
+                **extra,
             )
             steps[name] += step_times
-            memory[name].append(peak)
             totals[name] += total
             for key, value in round_phases.items():
                 phases[name, key] += value
+    # Memory in runs of its own: counting tensors on a CPU slows every operator.
+    memory = {
+        name: run(cls, make_args("mem", opts.memory_steps), model_dir, dataset, 0, True, **extra)
+        for name, (cls, make_args, extra) in configs.items()
+        if name != "erl_gate_closed"
+    }
     median = {name: statistics.median(times) for name, times in steps.items()}
     grpo_time, closed_time, gated_time = (
         median["grpo"],
         median["erl_gate_closed"],
         median["erl_all_gated"],
     )
-    grpo_mem, gated_mem = max(memory["grpo"]), max(memory["erl_all_gated"])
     phases = {key: phases["erl_all_gated", key] for key in ("prepare", "generate", "forward")}
     total = totals["erl_all_gated"]
 
@@ -251,10 +244,12 @@ def main() -> None:
     print(f"median_step_s[grpo]: {grpo_time:.4f}")
     print(f"median_step_s[erl_gate_closed]: {closed_time:.4f}")
     print(f"median_step_s[erl_all_gated]: {gated_time:.4f}")
+    print(f"peak_step_memory_mb[grpo]: {memory['grpo'] / 2**20:.2f}")
+    print(f"peak_step_memory_mb[erl_all_gated]: {memory['erl_all_gated'] / 2**20:.2f}")
     print(f"gate_closed_step_ratio: {closed_time / grpo_time:.3f}")
     print(f"all_gated_step_ratio: {gated_time / grpo_time:.3f}")
     print(f"erl_overhead_share: {outside / total:.3f}")
-    print(f"peak_memory_ratio: {gated_mem / max(grpo_mem, 1):.3f}")
+    print(f"peak_memory_ratio: {memory['erl_all_gated'] / max(memory['grpo'], 1):.3f}")
 
 
 if __name__ == "__main__":

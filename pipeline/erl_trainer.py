@@ -19,8 +19,10 @@ Per generation batch, after GRPO has generated and scored the first attempts y1:
 Everything happens in `_generate_and_score_completions`, so TRL's buffering, splitting
 into `steps_per_generation` chunks, loss types and logging apply to the merged batch
 unchanged. `pipeline.erl_batch` puts the new rows into the base trainer's layout, and
-`compute_loss` trains a merged chunk in micro-batches of `per_device_train_batch_size`
-rows, so an all-gated step needs the memory of a GRPO step. Evaluation never reflects:
+`compute_loss` trains a merged chunk in micro-batches of at most
+`per_device_train_batch_size` rows and GRPO's tokens per forward, and reflections and
+retries are generated in calls of at most GRPO's tokens, so that an all-gated step peaks
+where a GRPO step does (bench/erl_overhead.py). Evaluation never reflects:
 deployment sees first attempts only.
 
 The class is defined at import, after `activate_backend()`: with Unsloth (on a GPU, or on
@@ -49,13 +51,20 @@ from trl.trainer.utils import use_adapter  # noqa: E402
 
 from pipeline.erl_batch import (  # noqa: E402
     INERT_KEY,
+    TOKEN_BUDGET_KEY,
     NewRows,
     completion_layout,
     loss_token_mask,
     merge_rows,
-    micro_batches,
+    micro_batch,
+    micro_batch_weight,
     pad_rows,
+    plan_equal_micro_batches,
+    plan_generation,
+    plan_micro_batches,
+    rows_per_micro_batch,
     select_rows,
+    split_plan,
 )
 from pipeline.erl_config import ERLConfig, reaches_threshold  # noqa: E402
 from pipeline.memory import ReflectionMemory  # noqa: E402
@@ -188,6 +197,8 @@ class ERLTrainer(GRPOTrainer):
                 r1,
                 gated,
                 pad_to=int(num_gated.max().item()),
+                generation_budget=len(rows)
+                * (output["prompt_ids"].size(1) + self.args.max_completion_length),
             )
             output = merge_rows(self, output, new_rows)
         else:
@@ -208,8 +219,11 @@ class ERLTrainer(GRPOTrainer):
 
     # The ERL phases --------------------------------------------------------------------
 
-    def _experience(self, rows, prompts, completions, completion_ids, r1, gated, pad_to) -> NewRows:
-        """Phases 1-7 for the gated rows; returns the reflection, retry and internalization rows."""
+    def _experience(
+        self, rows, prompts, completions, completion_ids, r1, gated, pad_to, generation_budget
+    ) -> NewRows:
+        """Phases 1-7 for the gated rows; returns the reflection, retry and internalization
+        rows. `generation_budget`: the tokens GRPO's own generate call held."""
         valid = [True] * len(gated) + [False] * (pad_to - len(gated))
         # Every process must score the same number of rows (the reward gather needs it):
         # pad with copies of a real row that are masked out of the loss.
@@ -239,14 +253,14 @@ class ERLTrainer(GRPOTrainer):
             self.args.reflection_max_completion_length or self.args.max_completion_length
         )
         refl_prompt_ids, refl_ids, reflections, refl_logps = self._generate_rows(
-            reflection_prompts, reflection_len
+            reflection_prompts, reflection_len, generation_budget
         )
 
         retry_prompts = [
             self._retry_prompt(g_prompts[j], reflections[j].strip()) for j in range(len(idx))
         ]
         retry_prompt_ids, retry_ids, retry_texts, retry_logps = self._generate_rows(
-            retry_prompts, self.args.max_completion_length
+            retry_prompts, self.args.max_completion_length, generation_budget
         )
 
         # r2: the reward functions score y2 against the original row (answer/metadata columns).
@@ -467,21 +481,30 @@ class ERLTrainer(GRPOTrainer):
 
     # Generation ------------------------------------------------------------------------
 
-    def _generate_rows(self, prompts: list, max_new_tokens: int):
+    def _generate_rows(self, prompts: list, max_new_tokens: int, budget: int):
         """One sample per prompt through the trainer's own generation path (vLLM/Unsloth fast
         generation included); returns prompt ids, completion ids, decoded texts and the
-        sampler's per-token log-probs (vLLM's; None per row where the path reports none)."""
+        sampler's per-token log-probs (vLLM's; None per row where the path reports none).
+
+        Reflection and retry prompts are longer than the task's, so without vLLM (which
+        manages its own cache) they are generated in calls of at most `budget` tokens, the
+        most GRPO's own generate call held."""
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
+        if self.use_vllm:
+            plan = [list(range(len(prompt_ids)))]
+        else:
+            plan = plan_generation([len(p) for p in prompt_ids], max_new_tokens, budget)
+            if self.accelerator.num_processes > 1:  # ZeRO-3 gathers weights per call
+                count = self.accelerator.gather(torch.tensor([len(plan)], device=self.model.device))
+                plan = split_plan(plan, int(count.max()))
+        completion_ids, logprobs = [], []
         with self._generation_length(max_new_tokens):
-            completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, 1)
+            for rows in plan:
+                ids, lps = self._generate_single_turn([prompt_ids[i] for i in rows], None, {}, 1)
+                completion_ids += [list(c) for c in ids]
+                logprobs += [list(lp) for lp in lps] if lps is not None else [None] * len(rows)
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        logprobs = [list(lp) for lp in logprobs] if logprobs is not None else None
-        return (
-            [list(p) for p in prompt_ids],
-            [list(c) for c in completion_ids],
-            texts,
-            logprobs or [None] * len(completion_ids),
-        )
+        return [list(p) for p in prompt_ids], completion_ids, texts, logprobs
 
     @contextmanager
     def _generation_length(self, max_new_tokens: int) -> Iterator[None]:
@@ -524,26 +547,44 @@ class ERLTrainer(GRPOTrainer):
     # Training on the merged batch ------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The base trainer's loss, leaving out ERL's inert rows, in micro-batches of at most
-        `per_device_train_batch_size` rows (a merged chunk holds up to ~4x that) whose
+        """The base trainer's loss, leaving out ERL's inert rows, in micro-batches (a merged
+        chunk holds up to ~4x GRPO's rows, and retries have longer prompts) of at most
+        `per_device_train_batch_size` rows and GRPO's padded tokens per forward, whose
         weighted losses add up to the loss of the whole chunk, so the gradient is the same."""
         inert = inputs.get(INERT_KEY)
         if inert is None:  # GRPO's own batch (gate closed, evaluation): untouched
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        inputs = {k: v for k, v in inputs.items() if k != INERT_KEY}
+        budget = int(inputs[TOKEN_BUDGET_KEY])
+        inputs = {k: v for k, v in inputs.items() if k not in (INERT_KEY, TOKEN_BUDGET_KEY)}
         # Several processes keep their inert rows (masked, pad-only): every process must pass
         # the same number of rows through the loss, whose metric gathers are collective.
         if not inert.all() and self.accelerator.num_processes == 1:
             inputs = select_rows(inputs, ~inert)  # an all-inert chunk has a zero loss as it is
-        token_mask = loss_token_mask(
-            inputs,
-            self._tokenizer.pad_token_id,
-            unsloth=unsloth_trainer_active(),
-            mask_truncated=bool(self.mask_truncated_completions),
-        )
-        parts = micro_batches(
-            inputs, self.args.per_device_train_batch_size, self.args.loss_type, token_mask
-        )
+        pad_id, limit = self._tokenizer.pad_token_id, self.args.per_device_train_batch_size
+        if self.accelerator.num_processes == 1:
+            plan = plan_micro_batches(inputs, pad_id, limit, budget)
+        else:  # the loss's metric gathers need equal micro-batches on every process
+            size = rows_per_micro_batch(inputs, pad_id, limit, budget)
+            size = self.accelerator.gather(torch.tensor([size], device=inert.device)).min()
+            plan = plan_equal_micro_batches(inputs, pad_id, int(size))
+        if len(plan) == 1:
+            parts = [(inputs, 1.0)]
+        else:
+            token_mask = loss_token_mask(
+                inputs,
+                pad_id,
+                unsloth=unsloth_trainer_active(),
+                mask_truncated=bool(self.mask_truncated_completions),
+            )
+            parts = [
+                (
+                    micro_batch(
+                        inputs, rows, pad_id, unsloth_trainer_active(), self.pad_to_multiple_of
+                    ),
+                    micro_batch_weight(self.args.loss_type, rows, token_mask),
+                )
+                for rows in plan
+            ]
         done = None
         for part, weight in parts[:-1]:
             loss = self._weighted_loss(model, part, weight, return_outputs, num_items_in_batch)
@@ -584,14 +625,16 @@ class ERLTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _logps(self, model, batch: dict) -> torch.Tensor:
+        """Per-token log-probs of the completions, in forwards of at most
+        `per_device_train_batch_size` rows and, for a merged batch, of at most the padded
+        tokens of one GRPO forward."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        rows = self.args.per_device_train_batch_size
+        if TOKEN_BUDGET_KEY in batch:
+            rows = max(1, min(rows, int(batch[TOKEN_BUDGET_KEY]) // input_ids.size(1)))
         logps, _, _ = self._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            batch["completion_ids"].size(1),
-            batch_size=self.args.per_device_train_batch_size,
+            model, input_ids, attention_mask, batch["completion_ids"].size(1), batch_size=rows
         )
         return logps
 

@@ -17,7 +17,13 @@ from conftest import alternating_reward, first_generation_batch, length_reward
 
 from pipeline import ERLConfig, ERLTrainer
 from pipeline.backend import unsloth_trainer_active
-from pipeline.erl_batch import INERT_KEY, NewRows, completion_layout, merge_rows
+from pipeline.erl_batch import (
+    INERT_KEY,
+    TOKEN_BUDGET_KEY,
+    NewRows,
+    completion_layout,
+    merge_rows,
+)
 from pipeline.tiny_model import PAD_TOKEN, SPECIAL_TOKENS
 
 UNSLOTH = unsloth_trainer_active()
@@ -209,8 +215,8 @@ def test_micro_batched_loss_has_the_gradient_of_one_batch(
     )
     trainer = make_trainer(tiny_model_dir, args, arithmetic_dataset, reward=reward)
     model = trainer.model
-    _, merged = first_generation_batch(trainer)
-    assert merged["prompt_ids"].size(0) > 3 * 4
+    first, merged = first_generation_batch(trainer)
+    assert merged["prompt_ids"].size(0) > 3 * 4 and len(first) == 4
     # Completions of different lengths, so that a part's share of the loss tokens (bnpo's
     # weight) differs from its share of the rows (grpo's); pad ids, as Unsloth reads them.
     width = merged["completion_ids"].size(1)
@@ -219,26 +225,37 @@ def test_micro_batched_loss_has_the_gradient_of_one_batch(
         merged["completion_mask"][row, 1 + row % width :] = 0
     merged["num_items_in_batch"] = merged["completion_mask"].sum()
 
-    # Rows the base trainer's loss got between two backward passes: those whose activations
-    # are alive at once (the base may forward them in smaller pieces, but keeps them all).
-    pending, rows_seen = [0], []
+    # Rows (and padded tokens) the base trainer's loss got between two backward passes: those
+    # whose activations are alive at once (the base may forward them in smaller pieces, but
+    # keeps them all).
+    pending, rows_seen, tokens_seen = [0, 0], [], []
     base = type(trainer).__mro__[1]
     base_loss, backward = base.compute_loss, trainer.accelerator.backward
 
     def counting_loss(self, model, inputs, *args, **kwargs):
-        pending[0] += inputs["prompt_ids"].size(0)
+        rows, width = inputs["prompt_ids"].size(0), inputs["prompt_ids"].size(1)
+        pending[0] += rows
+        pending[1] += rows * (width + inputs["completion_ids"].size(1))
         return base_loss(self, model, inputs, *args, **kwargs)
 
     def counting_backward(loss, **kwargs):
         rows_seen.append(pending[0])
-        pending[0] = 0
+        tokens_seen.append(pending[1])
+        pending[:] = [0, 0]
         return backward(loss, **kwargs)
 
     monkeypatch.setattr(base, "compute_loss", counting_loss)
     trainer.accelerator.backward = counting_backward
 
-    def gradient(limit):
+    # 4 rows x the width of GRPO's own batch, its first rows: narrower than the merged batch.
+    budget, grpo_rows = int(merged[TOKEN_BUDGET_KEY]), len(first)
+    widest_prompt = int(merged["prompt_mask"][:grpo_rows].sum(dim=1).max())
+    merged_width = merged["prompt_ids"].size(1) + merged["completion_ids"].size(1)
+    assert 4 * (widest_prompt + args.max_completion_length) == budget < 4 * merged_width
+
+    def gradient(limit, tokens):
         trainer.args.per_device_train_batch_size = limit
+        merged[TOKEN_BUDGET_KEY] = torch.tensor(tokens)
         trainer._buffered_inputs, trainer._step = [merged], 1
         trainer.current_gradient_accumulation_steps = 2
         model.zero_grad()
@@ -248,11 +265,14 @@ def test_micro_batched_loss_has_the_gradient_of_one_batch(
 
     for loss_type in LOSS_TYPES:
         trainer.loss_type = trainer.args.loss_type = loss_type
-        rows_seen.clear()
-        micro_loss, micro = gradient(4)
+        rows_seen.clear(), tokens_seen.clear()
+        micro_loss, micro = gradient(4, budget)
         assert len(rows_seen) > 1 and max(rows_seen) <= 4, (loss_type, rows_seen)
+        # Retries' prompts carry the reflection: wider than GRPO's, so fewer rows per forward.
+        over = [(r, t) for r, t in zip(rows_seen, tokens_seen) if t > budget and r > 1]
+        assert not over and max(tokens_seen) > 0, (loss_type, budget, over)
         rows_seen.clear()
-        whole_loss, whole = gradient(10_000)
+        whole_loss, whole = gradient(10_000, 10**9)
         assert rows_seen == [int((~merged[INERT_KEY]).sum())]  # one backward, the whole chunk
         torch.testing.assert_close(micro_loss, whole_loss, rtol=1e-4, atol=1e-7)
         assert whole and any(g.abs().sum() > 0 for g in whole.values())
@@ -260,6 +280,30 @@ def test_micro_batched_loss_has_the_gradient_of_one_batch(
         print(loss_type, "relative gradient error, max:", max(errors.values()))
         assert max(errors.values()) < GRADIENT_TOLERANCE, (loss_type, errors)
     trainer.accelerator.backward = backward
+
+
+def test_reflections_and_retries_generate_no_more_tokens_at_once_than_grpo(
+    tiny_model_dir, arithmetic_dataset, make_args
+):
+    """Reflection and retry prompts are several times longer than the task's: generated in
+    calls that hold at most the tokens (rows x (longest prompt + new tokens)) of GRPO's."""
+    args = make_args(reward_threshold=2.0, per_device_train_batch_size=8)  # every row gated
+    trainer = make_trainer(tiny_model_dir, args, arithmetic_dataset)
+    calls, generate = [], trainer._generate_single_turn
+
+    def counting_generate(prompt_ids, *rest):
+        new_tokens = trainer.generation_config.max_new_tokens
+        calls.append((len(prompt_ids), max(map(len, prompt_ids)) + new_tokens))
+        return generate(prompt_ids, *rest)
+
+    trainer._generate_single_turn = counting_generate
+    first_generation_batch(trainer)
+    (grpo_rows, grpo_width), *erl = calls
+    assert grpo_rows == 8 and len(erl) > 2  # GRPO's call, then reflections and retries
+    assert max(width for _, width in erl) > 2 * grpo_width  # the case that needs splitting
+    over = [(rows, width) for rows, width in erl if rows * width > grpo_rows * grpo_width]
+    assert all(rows == 1 for rows, _ in over), (grpo_rows * grpo_width, erl)
+    assert sum(rows for rows, _ in erl) == 2 * 8  # every gated row reflected and retried
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from conftest import alternating_reward, first_generation_batch
 from test_erl_bases import BASE_PINS, GRADIENT_TOLERANCE, load_model, relative_error
 
 from pipeline import ERLTrainer
+from pipeline.erl_batch import select_rows
 
 
 @pytest.mark.parametrize("coef", [0.7, 2.5])
@@ -33,10 +34,8 @@ def test_internalization_gradient_equals_weighted_cross_entropy(
         out["completion_mask"].sum(1) > 0
     )
     assert rows.sum().item() == len(batch)
-    restricted = {k: v[rows] for k, v in out.items() if k != "num_items_in_batch"}
-    restricted["num_items_in_batch"] = out[
-        "num_items_in_batch"
-    ]  # same normalisation as the RL tokens
+    # Scalars (num_items_in_batch: the same normalisation as the RL tokens) are kept.
+    restricted = select_rows(out, rows)
 
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() in a real run
     model.zero_grad()
