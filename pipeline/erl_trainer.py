@@ -50,11 +50,14 @@ from trl.trainer.utils import use_adapter  # noqa: E402
 from pipeline.erl_batch import (  # noqa: E402
     GLOBAL_TOKEN_LOSSES,
     INERT_KEY,
+    PART_INTERNALIZATION,
+    PART_RETRY,
     NewRows,
     completion_layout,
     loss_token_mask,
     merge_rows,
     micro_batches,
+    normalise_parts,
     pad_rows,
     select_rows,
 )
@@ -190,7 +193,12 @@ class ERLTrainer(GRPOTrainer):
                 gated,
                 pad_to=int(num_gated.max().item()),
             )
+            first_rows = output["prompt_ids"].size(0)
             output = merge_rows(self, output, new_rows)
+            if self.args.loss_normalization == "per_part":
+                tokens = normalise_parts(output, first_rows, new_rows, self.accelerator.gather)
+                for part, count in tokens.items():
+                    metrics[f"erl/tokens_{part}"].append(float(count))
         else:
             metrics["erl/internalization_rows"].append(0.0)
         metrics["erl/memory_size"].append(float(len(self.memory)))
@@ -287,6 +295,7 @@ class ERLTrainer(GRPOTrainer):
             list(valid),
             self._trainable(refl_ids),
             refl_logps,
+            parts=[PART_RETRY] * len(idx),
         )
         new_rows.extend(
             NewRows(
@@ -296,6 +305,7 @@ class ERLTrainer(GRPOTrainer):
                 list(valid),
                 self._trainable(retry_ids),
                 retry_logps,
+                parts=[PART_RETRY] * len(idx),
             )
         )
         internalize = self.args.enable_internalization and self.args.internalization_coef > 0
@@ -311,6 +321,7 @@ class ERLTrainer(GRPOTrainer):
                     [self.args.internalization_coef] * len(kept),
                     [True] * len(kept),
                     self._trainable(kept_ids),
+                    parts=[PART_INTERNALIZATION] * len(kept),
                 )
             )
         self._log_experience(r2, valid, success, len(kept), new_rows)
