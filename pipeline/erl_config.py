@@ -30,6 +30,7 @@ LOSS_NORMALIZATIONS = ("merged", "per_part")
 # (positive scaling commutes with DAPO's clipping), so scaling a part's advantages by
 # (merged tokens / part tokens) is exactly normalising that part over its own tokens.
 PER_PART_LOSSES = ("dapo", "cispo")
+MEMORY_SCOPES = ("similar", "same_prompt")
 RETRY_PLACEHOLDERS = ("prompt", "reflection")
 
 
@@ -117,6 +118,15 @@ class ERLConfig(GRPOConfig):
             "stays a mean over all trained tokens."
         },
     )
+    memory_scope: str = field(
+        default="similar",
+        metadata={
+            "help": "Which stored reflections a reflection prompt retrieves. 'similar': the "
+            "memory_top_k most lexically similar prompts' reflections (from other problems "
+            "too). 'same_prompt': only reflections written for this very prompt (from earlier "
+            "epochs), so lessons specific to another problem never reach it."
+        },
+    )
     reflection_max_completion_length: int | None = field(
         default=None,
         metadata={
@@ -156,6 +166,10 @@ class ERLConfig(GRPOConfig):
                 f"loss_normalization='per_part' needs loss_type in {list(PER_PART_LOSSES)}, got "
                 f"loss_type={self.loss_type!r} (its normaliser is not the global token count); "
                 "use loss_normalization='merged'"
+            )
+        if self.memory_scope not in MEMORY_SCOPES:
+            raise ValueError(
+                f"memory_scope must be one of {list(MEMORY_SCOPES)}, got {self.memory_scope!r}"
             )
         if (
             self.reflection_max_completion_length is not None

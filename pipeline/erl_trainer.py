@@ -399,7 +399,7 @@ class ERLTrainer(GRPOTrainer):
 
     def _memory_text(self, prompt_text: str) -> str:
         lessons = (
-            self.memory.retrieve(prompt_text, self.args.memory_top_k)
+            self.memory.retrieve(prompt_text, self.args.memory_top_k, self.args.memory_scope)
             if self.args.enable_memory
             else []
         )

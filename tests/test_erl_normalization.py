@@ -159,7 +159,9 @@ def test_per_part_refuses_losses_not_normalised_by_the_token_count(erl_args, los
         erl_args(loss_normalization="per_part", loss_type=loss_type)
 
 
-def test_loss_normalization_is_checked(erl_args):
+def test_loss_normalization_and_memory_scope_are_checked(erl_args):
     with pytest.raises(ValueError, match="loss_normalization"):
         erl_args(loss_normalization="tokens")
+    with pytest.raises(ValueError, match="memory_scope"):
+        erl_args(memory_scope="nearest")
     assert erl_args(loss_normalization="per_part", loss_type="cispo").loss_type == "cispo"
