@@ -4,6 +4,7 @@ The merged batch's DAPO loss divides by all its tokens, so with "merged" the fir
 GRPO signal shrinks by their share of the tokens. "per_part" must give exactly the gradient
 of GRPO's loss on the first attempts + the retry rows' loss over their own tokens +
 internalization_coef x the mean token cross-entropy of the internalization rows.
+tests/test_unsloth_trainer.py runs this module again on Unsloth's trainer.
 """
 
 from __future__ import annotations
