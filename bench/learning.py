@@ -98,6 +98,11 @@ VARIANTS = {
     # fell from 0.20 to ~0.03 as it filled) and internalization weighted up to an SFT-like
     # strength: ~11 internalized rows of ~1,600 trained tokens per step.
     "erl_nomem_coef10": {"enable_memory": False, "internalization_coef": 10.0},
+    # The options built for those two findings, alone and together (README, issue 9).
+    "erl_merged": {"loss_normalization": "merged", "memory_scope": "similar"},
+    "erl_per_part": {"loss_normalization": "per_part", "memory_scope": "similar"},
+    "erl_same_prompt": {"loss_normalization": "merged", "memory_scope": "same_prompt"},
+    "erl_per_part_same_prompt": {"loss_normalization": "per_part", "memory_scope": "same_prompt"},
 }
 
 
@@ -472,7 +477,18 @@ def retry_diagnostics(runs: list[dict]) -> dict[str, float]:
     internalized = [
         rec.get("erl/internalization_rows", 0.0) for run in runs for rec in run["steps"]
     ]
+    # Trained tokens per part on gated steps (logged with loss_normalization="per_part").
+    part_tokens = {
+        part: [
+            rec[f"erl/tokens_{part}"]
+            for run in runs
+            for rec in run["steps"]
+            if f"erl/tokens_{part}" in rec
+        ]
+        for part in ("first", "retry", "internalization")
+    }
     return {
+        **{f"tokens_{p}_per_gated_step": statistics.fmean(v) for p, v in part_tokens.items() if v},
         "retries": float(len(r1)),
         "gated_r1_mean": statistics.fmean(r1) if r1 else math.nan,
         "r2_mean": statistics.fmean(r2) if r2 else math.nan,

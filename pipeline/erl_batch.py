@@ -61,6 +61,15 @@ ROW_MEAN_LOSSES = {"grpo", "sapo", "dr_grpo", "luspo"}
 LOCAL_TOKEN_LOSSES = {"bnpo"}
 
 
+# The parts of a merged batch (`NewRows.parts` labels ERL's rows; GRPO's rows are "first").
+# With ERLConfig.loss_normalization="per_part" each part is normalised over its own tokens.
+PART_FIRST = "first"  # first attempts y1 (GRPO's own rows)
+PART_RETRY = "retry"  # reflections and retries y2: the second attempt, advantage from r2
+PART_INTERNALIZATION = "internalization"  # original prompt -> successful y2
+PART_FILLER = "filler"  # inert rows
+PARTS = (PART_FIRST, PART_RETRY, PART_INTERNALIZATION)
+
+
 @dataclass
 class NewRows:
     """Rows ERL adds to a generation batch (token ids as lists, one advantage each)."""
@@ -72,10 +81,13 @@ class NewRows:
     trainable: list[bool]  # False: kept but masked, as GRPO masks truncated completions
     # Per-token log-probs the generator reported for each row (vLLM), else None.
     sampling_logps: list[list[float] | None] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)  # one of PARTS (or PART_FILLER) per row
 
     def __post_init__(self) -> None:
         if not self.sampling_logps:
             self.sampling_logps = [None] * len(self.valid)
+        if not self.parts:
+            self.parts = [PART_RETRY] * len(self.valid)
 
     def extend(self, other: NewRows) -> None:
         self.prompt_ids += other.prompt_ids
@@ -84,6 +96,7 @@ class NewRows:
         self.valid += other.valid
         self.trainable += other.trainable
         self.sampling_logps += other.sampling_logps
+        self.parts += other.parts
 
     def add_filler(self, count: int) -> None:
         """Append `count` inert rows (they only round the row count up)."""
@@ -94,6 +107,7 @@ class NewRows:
                 [0.0] * count,
                 [False] * count,
                 [False] * count,
+                parts=[PART_FILLER] * count,
             )
         )
 
@@ -443,3 +457,35 @@ def merge_rows(trainer, output: dict, rows: NewRows) -> dict:
         )
     merged["num_items_in_batch"] = trainer.accelerator.gather(merged["completion_mask"].sum()).sum()
     return merged
+
+
+def normalise_parts(merged: dict, first_rows: int, rows: NewRows, gather) -> dict[str, int]:
+    """Scale the advantages of a merged batch so that its token-normalised loss (DAPO,
+    CISPO: sum over tokens / `num_items_in_batch`) becomes the sum of one such loss per part,
+    each over the part's own tokens: first attempts weigh exactly as in GRPO's own batch,
+    retries as a batch of their own, internalization as coef x mean token cross-entropy.
+
+    Those losses are linear in the advantage (DAPO's clipping commutes with a positive
+    factor), so multiplying a part's advantages by (merged tokens / part tokens) is exact.
+    Tokens are counted as `num_items_in_batch` counts them (completion_mask, every process:
+    `gather` is the accelerator's). `first_rows` leading rows are GRPO's; `rows` are the
+    rows `merge_rows` appended, in order. Returns the global token count of each part."""
+    mask = merged["completion_mask"]
+    labels = [PART_FIRST] * first_rows + list(rows.parts)
+    if len(labels) != mask.size(0):
+        raise ValueError(f"{len(labels)} part labels for a batch of {mask.size(0)} rows")
+    index = {
+        part: torch.tensor([i for i, x in enumerate(labels) if x == part], dtype=torch.long)
+        for part in PARTS
+    }
+    local = torch.stack([mask[index[part].to(mask.device)].sum() for part in PARTS])
+    counts = gather(local.unsqueeze(0)).reshape(-1, len(PARTS)).sum(dim=0)
+    total = merged["num_items_in_batch"]
+    advantages = merged["advantages"].clone()
+    for part, count in zip(PARTS, counts):
+        if count > 0 and len(index[part]):
+            rows_of_part = index[part].to(advantages.device)
+            scale = (total.to(advantages.dtype) / count.to(advantages.dtype)).to(advantages.device)
+            advantages[rows_of_part] = advantages[rows_of_part] * scale
+    merged["advantages"] = advantages
+    return {part: int(count.item()) for part, count in zip(PARTS, counts)}

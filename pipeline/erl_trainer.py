@@ -5,7 +5,8 @@ Per generation batch, after GRPO has generated and scored the first attempts y1:
 1. first attempt: y1, reward r1 (GRPO's weighted reward) and feedback from `feedback_func`;
 2. gating: rows with r1 < `reward_threshold` go on;
 3. reflection: one generation per gated row from `reflection_system_prompt`, with the
-   `memory_top_k` stored reflections most relevant to the prompt;
+   `memory_top_k` stored reflections of the same prompt (`memory_scope`, or the most
+   similar prompts');
 4. retry: one generation y2 from `retry_system_prompt`; r2 is scored by the reward
    functions against the ORIGINAL row (its answer/metadata columns);
 5. memory: reflections whose retry reached the threshold enter the FIFO memory;
@@ -51,6 +52,8 @@ from trl.trainer.utils import use_adapter  # noqa: E402
 
 from pipeline.erl_batch import (  # noqa: E402
     INERT_KEY,
+    PART_INTERNALIZATION,
+    PART_RETRY,
     TOKEN_BUDGET_KEY,
     NewRows,
     completion_layout,
@@ -58,6 +61,7 @@ from pipeline.erl_batch import (  # noqa: E402
     merge_rows,
     micro_batch,
     micro_batch_weight,
+    normalise_parts,
     pad_rows,
     plan_equal_micro_batches,
     plan_generation,
@@ -200,7 +204,12 @@ class ERLTrainer(GRPOTrainer):
                 generation_budget=len(rows)
                 * (output["prompt_ids"].size(1) + self.args.max_completion_length),
             )
+            first_rows = output["prompt_ids"].size(0)
             output = merge_rows(self, output, new_rows)
+            if self.args.loss_normalization == "per_part":
+                tokens = normalise_parts(output, first_rows, new_rows, self.accelerator.gather)
+                for part, count in tokens.items():
+                    metrics[f"erl/tokens_{part}"].append(float(count))
         else:
             metrics["erl/internalization_rows"].append(0.0)
         metrics["erl/memory_size"].append(float(len(self.memory)))
@@ -300,6 +309,7 @@ class ERLTrainer(GRPOTrainer):
             list(valid),
             self._trainable(refl_ids),
             refl_logps,
+            parts=[PART_RETRY] * len(idx),
         )
         new_rows.extend(
             NewRows(
@@ -309,6 +319,7 @@ class ERLTrainer(GRPOTrainer):
                 list(valid),
                 self._trainable(retry_ids),
                 retry_logps,
+                parts=[PART_RETRY] * len(idx),
             )
         )
         internalize = self.args.enable_internalization and self.args.internalization_coef > 0
@@ -324,6 +335,7 @@ class ERLTrainer(GRPOTrainer):
                     [self.args.internalization_coef] * len(kept),
                     [True] * len(kept),
                     self._trainable(kept_ids),
+                    parts=[PART_INTERNALIZATION] * len(kept),
                 )
             )
         self._log_experience(r2, valid, success, len(kept), new_rows)
@@ -401,7 +413,7 @@ class ERLTrainer(GRPOTrainer):
 
     def _memory_text(self, prompt_text: str) -> str:
         lessons = (
-            self.memory.retrieve(prompt_text, self.args.memory_top_k)
+            self.memory.retrieve(prompt_text, self.args.memory_top_k, self.args.memory_scope)
             if self.args.enable_memory
             else []
         )

@@ -57,10 +57,17 @@ class ReflectionMemory:
         self._entries.append(MemoryEntry(prompt, reflection, step, self._added))
         self._added += 1
 
-    def retrieve(self, prompt: str, k: int) -> list[str]:
-        """The `k` reflections most relevant to `prompt` (Jaccard word overlap; recency breaks ties)."""
+    def retrieve(self, prompt: str, k: int, scope: str = "similar") -> list[str]:
+        """The `k` reflections most relevant to `prompt` (Jaccard word overlap; recency breaks
+        ties). `scope="same_prompt"`: only reflections written for this exact prompt, newest
+        first (a lesson for another problem can mislead: measured in the README)."""
+        if scope not in ("similar", "same_prompt"):
+            raise ValueError(f"scope must be 'similar' or 'same_prompt', got {scope!r}")
         if k <= 0 or not self._entries:
             return []
+        if scope == "same_prompt":
+            own = [entry for entry in reversed(self._entries) if entry.prompt == prompt]
+            return [entry.reflection for entry in own[:k]]
         query = _words(prompt)
 
         def relevance(entry: MemoryEntry) -> tuple[float, int]:

@@ -73,7 +73,10 @@ def test_prompts_are_the_ones_erl_trainer_builds():
 
     row = get_task("arithmetic").generate(2, 1, seed=1)[0]
     args = SimpleNamespace(
-        retry_system_prompt=DEFAULT_RETRY_PROMPT, enable_memory=True, memory_top_k=3
+        retry_system_prompt=DEFAULT_RETRY_PROMPT,
+        enable_memory=True,
+        memory_top_k=3,
+        memory_scope="same_prompt",  # ERLConfig's default
     )
     memory = ReflectionMemory(5)
     memory.add(_prompt_text(row["prompt"]), "2 + 3 = 5.", step=0)

@@ -29,6 +29,46 @@ def test_retrieval_ranks_by_relevance_then_recency():
     assert memory.retrieve("add", k=0) == []
 
 
+def test_same_prompt_scope_retrieves_only_that_prompts_lessons_newest_first():
+    memory = ReflectionMemory(max_size=10)
+    memory.add("What is 3 + 4?", "The answer is 7.", step=1)
+    memory.add("What is 3 + 5?", "The answer is 8.", step=2)  # similar words, another problem
+    memory.add("What is 3 + 4?", "Count on from 3.", step=3)
+    assert memory.retrieve("What is 3 + 4?", k=5, scope="same_prompt") == [
+        "Count on from 3.",
+        "The answer is 7.",
+    ]
+    assert memory.retrieve("What is 3 + 4?", k=1, scope="same_prompt") == ["Count on from 3."]
+    # By similarity, the other problem's lesson is retrieved as well.
+    assert "The answer is 8." in memory.retrieve("What is 3 + 4?", k=3)
+    assert memory.retrieve("What is 9 + 9?", k=3, scope="same_prompt") == []
+    with pytest.raises(ValueError, match="scope"):
+        memory.retrieve("What is 3 + 4?", k=1, scope="nearest")
+
+
+def test_trainer_memory_text_follows_memory_scope(tiny_model_dir, arithmetic_dataset, erl_args):
+    from conftest import length_reward
+
+    from pipeline import ERLTrainer
+
+    texts = {}
+    for scope in ("similar", "same_prompt"):
+        trainer = ERLTrainer(
+            model=tiny_model_dir,
+            args=erl_args(memory_scope=scope, memory_top_k=2),
+            train_dataset=arithmetic_dataset,
+            reward_funcs=length_reward,
+        )
+        trainer.memory.add("What is 3 + 4?", "Count on from 3.", step=1)
+        trainer.memory.add("What is 3 + 5?", "The answer is 8.", step=2)
+        texts[scope] = (
+            trainer._memory_text("What is 3 + 4?"),
+            trainer._memory_text("What is 6 + 1?"),
+        )
+    assert texts["similar"][0] == "- Count on from 3.\n- The answer is 8."
+    assert texts["same_prompt"] == ("- Count on from 3.", "(none yet)")
+
+
 def test_zero_size_memory_stores_nothing_and_negative_is_an_error():
     memory = ReflectionMemory(max_size=0)
     memory.add("p", "r", step=0)

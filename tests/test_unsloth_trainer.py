@@ -17,7 +17,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SUITE = ["tests/test_erl_bases.py", "tests/test_erl_internalization.py"]
+SUITE = [
+    "tests/test_erl_bases.py",
+    "tests/test_erl_internalization.py",
+    "tests/test_erl_normalization.py",
+]
 
 
 @pytest.mark.slow

@@ -1,0 +1,168 @@
+"""`loss_normalization="per_part"`: each part of the merged batch weighs as if trained alone.
+
+The merged batch's DAPO loss divides by all its tokens, so with "merged" the first attempts'
+GRPO signal shrinks by their share of the tokens. "per_part" must give exactly the gradient
+of GRPO's loss on the first attempts + the retry rows' loss over their own tokens +
+internalization_coef x the mean token cross-entropy of the internalization rows.
+tests/test_unsloth_trainer.py runs this module again on Unsloth's trainer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import first_generation_batch, length_reward
+from test_erl_bases import BASE_PINS, GRADIENT_TOLERANCE, load_model, relative_error
+
+from pipeline import ERLTrainer
+from pipeline.erl_batch import INERT_KEY
+
+COEF = 1.5
+
+
+def _gradient(model, loss_fn) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    loss_fn().backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _rows(batch: dict, rows: torch.Tensor, num_items: torch.Tensor) -> dict:
+    """A plain GRPO batch of `rows`, normalised by `num_items` tokens."""
+    out = {
+        k: v[rows]
+        for k, v in batch.items()
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and k != INERT_KEY
+    }
+    out["num_items_in_batch"] = num_items
+    return out
+
+
+def test_per_part_gradient_is_the_sum_of_separately_normalised_losses(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    # length_reward varies between completions: y1 and retries both get nonzero advantages,
+    # some retries reach 0.5 (internalized), some do not. Memory off: both passes below
+    # must see the same reflection prompts.
+    args = erl_args(
+        reward_threshold=0.5,
+        internalization_coef=COEF,
+        enable_memory=False,
+        loss_normalization="merged",
+        **BASE_PINS,
+    )
+    trainer = ERLTrainer(
+        model=load_model(tiny_model_dir),
+        args=args,
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+    )
+    model = trainer.model
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() in a real run
+    batch, _ = first_generation_batch(trainer)
+    torch.manual_seed(123)
+    merged = trainer._generate_and_score_completions(batch)  # raw advantages
+    trainer.args.loss_normalization = "per_part"
+    torch.manual_seed(123)
+    per_part = trainer._generate_and_score_completions(batch)
+    assert torch.equal(merged["completion_ids"], per_part["completion_ids"]), "not the same rows"
+
+    # Which rows are which: GRPO's rows come first (num_generations per prompt), then
+    # reflections and retries (one each per gated row), then internalization, then filler.
+    first = batch_size = len(batch)
+    gated = trainer._metrics["train"]["erl/gated_fraction"][-1] * batch_size
+    gated = round(gated)
+    internalized = int(trainer._metrics["train"]["erl/internalization_rows"][-1])
+    assert 0 < gated < batch_size and internalized > 0, (gated, internalized)
+    n = merged["prompt_ids"].size(0)
+    part = torch.zeros(n, dtype=torch.long)  # 0 first attempts
+    part[first : first + 2 * gated] = 1  # reflections and retries
+    part[first + 2 * gated : first + 2 * gated + internalized] = 2
+    part[first + 2 * gated + internalized :] = 3  # filler
+    assert not merged[INERT_KEY][: first + 2 * gated + internalized].any()
+    mask = merged["completion_mask"]
+    tokens = [mask[part == k].sum() for k in range(3)]
+    assert all(t > 0 for t in tokens)
+    assert merged["advantages"][part == 0].abs().sum() > 0
+    assert merged["advantages"][part == 1].abs().sum() > 0, "retries all scored alike"
+    assert torch.allclose(merged["advantages"][part == 2], torch.tensor(COEF))
+
+    # The first attempts keep exactly the normaliser GRPO gave them.
+    got = _gradient(model, lambda: trainer.compute_loss(model, per_part))
+
+    def expected_loss():
+        y1 = trainer.compute_loss(model, _rows(merged, part == 0, tokens[0]))
+        retry = trainer.compute_loss(model, _rows(merged, part == 1, tokens[1]))
+        # coef x token-mean cross-entropy of (original prompt -> y2), written out.
+        rows = _rows(merged, part == 2, tokens[2])
+        ids = torch.cat([rows["prompt_ids"], rows["completion_ids"]], dim=1)
+        attention = torch.cat([rows["prompt_mask"], rows["completion_mask"]], dim=1)
+        logits = model(input_ids=ids, attention_mask=attention).logits
+        width = rows["completion_ids"].size(1)
+        logps = logits[:, -width - 1 : -1].float().log_softmax(-1)
+        token_logps = logps.gather(-1, rows["completion_ids"].unsqueeze(-1)).squeeze(-1)
+        mask2 = rows["completion_mask"]
+        cross_entropy = -(token_logps * mask2).sum() / mask2.sum()
+        return y1 + retry + COEF * cross_entropy
+
+    expected = _gradient(model, expected_loss)
+    assert got.keys() == expected.keys() and got
+    errors = {name: relative_error(got[name], expected[name]) for name in expected}
+    print("relative gradient error, max:", max(errors.values()))
+    assert max(errors.values()) < GRADIENT_TOLERANCE, errors
+
+    # And it is not what "merged" gives (the test would pass for a no-op otherwise).
+    plain = _gradient(model, lambda: trainer.compute_loss(model, merged))
+    assert max(relative_error(plain[k], expected[k]) for k in expected) > 0.1
+
+    # The first attempts' own rows: GRPO's normaliser is their token count, as logged.
+    assert first_metric(trainer, "erl/tokens_first") == tokens[0].item()
+
+
+def first_metric(trainer, name: str) -> float:
+    return trainer._metrics["train"][name][-1]
+
+
+def test_per_part_gate_closed_trains_exactly_like_grpo(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    """No gated row, no part to weigh: the same parameters as GRPOTrainer after 3 steps."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    def run(trainer):
+        trainer.train()
+        return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+    base = run(
+        GRPOTrainer(
+            model=load_model(tiny_model_dir),
+            args=erl_args(GRPOConfig, max_steps=3, **BASE_PINS),
+            train_dataset=arithmetic_dataset,
+            reward_funcs=length_reward,
+        )
+    )
+    erl = run(
+        ERLTrainer(
+            model=load_model(tiny_model_dir),
+            args=erl_args(
+                reward_threshold=-1.0, loss_normalization="per_part", max_steps=3, **BASE_PINS
+            ),
+            train_dataset=arithmetic_dataset,
+            reward_funcs=length_reward,
+        )
+    )
+    for name in base:
+        assert torch.equal(base[name], erl[name]), name
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "sapo", "luspo", "vespo"])
+def test_per_part_refuses_losses_not_normalised_by_the_token_count(erl_args, loss_type):
+    with pytest.raises(ValueError, match=f"loss_type='{loss_type}'"):
+        erl_args(loss_normalization="per_part", loss_type=loss_type)
+
+
+def test_loss_normalization_and_memory_scope_are_checked(erl_args):
+    with pytest.raises(ValueError, match="loss_normalization"):
+        erl_args(loss_normalization="tokens")
+    with pytest.raises(ValueError, match="memory_scope"):
+        erl_args(memory_scope="nearest")
+    assert erl_args(loss_normalization="per_part", loss_type="cispo").loss_type == "cispo"
