@@ -4,6 +4,8 @@
     python bench/learning.py --seeds 1 --steps 30     # a quick look
     python bench/learning.py --ablations              # + no memory, no internalization,
                                                       #   retry without reflection
+    python bench/learning.py --methods grpo --reward_model runs/rm   # a learned reward
+                                                      #   model as the only training signal
 
 Design (picked by measuring; the README's Measured section has the numbers):
 
@@ -62,6 +64,11 @@ from pipeline.feedback_warmup import (  # noqa: E402
     memory_text,
     reflection_prompt,
     retry_prompt,
+)
+from pipeline.learned_rewards import (  # noqa: E402
+    INFO_FILE,
+    add_learned_signals,
+    check_reward_model_specs,
 )
 from pipeline.warmup import reference_dataset, sft_warmup  # noqa: E402
 from rewards import Scorer, build_feedback_func, build_reward_funcs  # noqa: E402
@@ -370,11 +377,55 @@ def held_out(task, tokenizer, s: Settings):
     return evaluate
 
 
-def train_one(method: str, seed: int, warm: Path, s: Settings, work: Path) -> dict:
-    """Train one method for one seed from the warm checkpoint; returns its record."""
+def reward_model_id(path: str) -> str:
+    """What names a learned reward model in the run cache: its folder and its training
+    record (reward_model.json changes whenever the model is retrained there)."""
+    folder = Path(path)
+    info = folder / INFO_FILE
+    if not (folder / "config.json").exists() and not (folder / "adapter_config.json").exists():
+        raise SystemExit(
+            f"--reward_model {path}: no reward model there (no config.json or "
+            "adapter_config.json); train one with `python -m pipeline.reward_model`"
+        )
+    if not info.exists():
+        raise SystemExit(
+            f"--reward_model {path}: no {INFO_FILE} (its calibration); train it with "
+            "`python -m pipeline.reward_model`"
+        )
+    digest = hashlib.sha1(info.read_bytes()).hexdigest()[:10]
+    return f"{folder.resolve()}#{digest}"
+
+
+def learned_funcs(task, style: str, reward_model: str):
+    """The learned reward model as the only weighted signal, as configs/tiny_reward_model.yaml
+    runs it: the correctness program stays with weight 0 (TRL still logs it) and its
+    feedback stays out, so the policy never hears the programmatic verdict."""
+    reward_funcs, weights, feedback_func = make_funcs(task, style)
+    specs = check_reward_model_specs({"correct": {"path": reward_model, "weight": 1.0}})
+    return add_learned_signals(
+        specs,
+        {},
+        reward_funcs,
+        [0.0] * len(weights),
+        feedback_func,
+        device="cpu",
+        program_feedback=False,
+    )
+
+
+def train_one(
+    method: str, seed: int, warm: Path, s: Settings, work: Path, reward_model: str = ""
+) -> dict:
+    """Train one method for one seed from the warm checkpoint; returns its record.
+
+    `reward_model`: a folder from `python -m pipeline.reward_model` to train on instead of
+    the correctness program (the held-out evaluation still checks correctness)."""
     torch.manual_seed(seed)
     task = make_task(s.style)
-    reward_funcs, weights, feedback_func = make_funcs(task, s.style)
+    if reward_model:
+        reward_funcs, weights, feedback_func = learned_funcs(task, s.style, reward_model)
+    else:
+        reward_funcs, weights, feedback_func = make_funcs(task, s.style)
     model = AutoModelForCausalLM.from_pretrained(warm)
     tokenizer = AutoTokenizer.from_pretrained(warm)
     # Same data for every method of a seed; seeds stay below the held-out ones (10**6).
@@ -660,6 +711,13 @@ def main() -> None:
         "--probe", action="store_true", help="only measure the warm checkpoint's feedback reading"
     )
     parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
+    parser.add_argument(
+        "--reward_model",
+        default="",
+        help="train every method on this learned reward model (a `python -m "
+        "pipeline.reward_model` folder) instead of the correctness program; held-out "
+        "success is still the task's correctness",
+    )
     opts = parser.parse_args()
 
     torch.set_num_threads(1)  # fair and stable on a shared machine
@@ -669,6 +727,12 @@ def main() -> None:
         opts.feedback_levels, opts.reference_examples, opts.eval_n, opts.eval_every,
         opts.hidden, opts.layers,
     )  # fmt: skip
+    # Checked before the warm-up (minutes) so a bad path fails at once. The reward model joins
+    # the runs' cache key only when given, so runs on the program's reward keep their names.
+    extra = {"reward_model": reward_model_id(opts.reward_model)} if opts.reward_model else None
+    if opts.reward_model:
+        # r1 and the threshold are then the learned score, not correctness.
+        print(f"reward: the learned model {extra['reward_model']} (r1 is its score)")
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     warm = warm_checkpoint(s, out)
@@ -687,12 +751,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as work:
         for seed in range(opts.seeds):
             for method in methods:
-                path = out / "runs" / f"{method}-s{seed}-{s.key()}.json"
+                path = out / "runs" / f"{method}-s{seed}-{s.key(extra)}.json"
                 if path.exists() and not opts.fresh:
                     run = json.loads(path.read_text())
                 else:
                     start = time.perf_counter()
-                    run = train_one(method, seed, warm, s, Path(work))
+                    run = train_one(method, seed, warm, s, Path(work), opts.reward_model)
                     print(f"{method} seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
                     path.parent.mkdir(parents=True, exist_ok=True)
                     tmp = path.with_suffix(".tmp")
