@@ -112,13 +112,12 @@ class TimedERL(Timed, ERLTrainer):
     pass
 
 
-def run(trainer_cls, args, model_dir, dataset, warmup, measure_memory=False, **extra):
+def build(trainer_cls, args, model_dir, dataset, memory=None, **extra):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)  # Unsloth's trainer takes objects
     add_mode_switches(model)
-    memory = step_memory() if measure_memory else None
-    trainer = trainer_cls(
+    return trainer_cls(
         model=model,
         args=args,
         train_dataset=dataset,
@@ -126,13 +125,23 @@ def run(trainer_cls, args, model_dir, dataset, warmup, measure_memory=False, **e
         memory=memory,
         **extra,
     )
-    if memory is None:
-        trainer.train()
-        steps = trainer.step_seconds[warmup:]
-        phases = {
-            k: v * len(steps) / len(trainer.step_seconds) for k, v in trainer.phase_seconds.items()
-        }
-        return steps, phases, sum(steps)
+
+
+def timed_run(trainer_cls, args, model_dir, dataset, warmup, **extra):
+    """Step times after `warmup`, phase seconds scaled to those steps, and their sum."""
+    trainer = build(trainer_cls, args, model_dir, dataset, **extra)
+    trainer.train()
+    steps = trainer.step_seconds[warmup:]
+    phases = {
+        k: v * len(steps) / len(trainer.step_seconds) for k, v in trainer.phase_seconds.items()
+    }
+    return steps, phases, sum(steps)
+
+
+def peak_step_memory(trainer_cls, args, model_dir, dataset, **extra) -> int:
+    """The largest step's peak bytes above what was live at its start."""
+    memory = step_memory()
+    trainer = build(trainer_cls, args, model_dir, dataset, memory=memory, **extra)
     with memory:
         trainer.train()
     return max(memory.steps)
@@ -208,7 +217,7 @@ def main() -> None:
     steps, phases, totals = defaultdict(list), defaultdict(float), defaultdict(float)
     for round_index in range(opts.rounds):
         for name, (cls, make_args, extra) in configs.items():
-            step_times, round_phases, total = run(
+            step_times, round_phases, total = timed_run(
                 cls,
                 make_args(round_index, opts.warmup + opts.steps),
                 model_dir,
@@ -222,7 +231,9 @@ def main() -> None:
                 phases[name, key] += value
     # Memory in runs of its own: counting tensors on a CPU slows every operator.
     memory = {
-        name: run(cls, make_args("mem", opts.memory_steps), model_dir, dataset, 0, True, **extra)
+        name: peak_step_memory(
+            cls, make_args("mem", opts.memory_steps), model_dir, dataset, **extra
+        )
         for name, (cls, make_args, extra) in configs.items()
         if name != "erl_gate_closed"
     }

@@ -231,14 +231,10 @@ def plan_micro_batches(batch: dict, pad_id: int, limit: int, budget: int) -> lis
     Rows are sorted by length first, so that retries, whose prompts carry the reflection,
     share micro-batches with each other and first attempts keep GRPO's width."""
     prompt, completion = row_extents(batch, pad_id)
-    plan, current = [], []
-    for row in _longest_first(prompt, completion):
-        if current and not _fits(current + [row], prompt, completion, limit, budget):
-            plan.append(current)
-            current = []
-        current.append(row)
-    plan.append(current)
-    return plan
+    return _pack(
+        _longest_first(prompt, completion),
+        lambda rows: _fits(rows, prompt, completion, limit, budget),
+    )
 
 
 def plan_equal_micro_batches(batch: dict, pad_id: int, rows_each: int) -> list[list[int]]:
@@ -270,19 +266,26 @@ def _fits(rows: list[int], prompt: list[int], completion: list[int], limit, budg
     return len(rows) <= limit and len(rows) * width <= budget
 
 
+def _pack(order: list[int], fits) -> list[list[int]]:
+    """Rows in `order`, greedily grouped: a group grows while `fits(group)`; a row that
+    fits nowhere goes alone."""
+    plan, current = [], []
+    for row in order:
+        if current and not fits(current + [row]):
+            plan.append(current)
+            current = []
+        current.append(row)
+    plan.append(current)
+    return plan
+
+
 def plan_generation(prompt_lengths: list[int], new_tokens: int, budget: int) -> list[list[int]]:
     """Consecutive prompts per generate call: at most `budget` tokens (rows x (longest
     prompt + new tokens)), the most GRPO's own generation holds; a longer prompt goes alone."""
-    plan, current, longest = [], [], 0
-    for row, length in enumerate(prompt_lengths):
-        widest = max(longest, length)
-        if current and (len(current) + 1) * (widest + new_tokens) > budget:
-            plan.append(current)
-            current, widest = [], length
-        current.append(row)
-        longest = widest
-    plan.append(current)
-    return plan
+    return _pack(
+        list(range(len(prompt_lengths))),
+        lambda rows: len(rows) * (max(prompt_lengths[r] for r in rows) + new_tokens) <= budget,
+    )
 
 
 def split_plan(plan: list[list[int]], count: int) -> list[list[int]]:
