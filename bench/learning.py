@@ -623,8 +623,9 @@ def report(results: dict[str, list[dict]], opts, s: Settings, out: Path) -> None
             print(f"    {key:8s} per seed {[round(v, 1) for v in vals]}  {spread(vals)}")
 
     grpo_tokens = median([run["steps"][-1]["tokens"] for run in results["grpo"]])
+    start = next(iter(results.values()))[0]["start_success"]  # the warm checkpoint's
     print(f"\nheld-out first-attempt success (greedy, {s.eval_n} level-{s.level} prompts):")
-    print(f"  start (warm checkpoint): {results['grpo'][0]['start_success']:.3f}")
+    print(f"  start (warm checkpoint): {start:.3f}")
     equal = {}
     for method, runs in results.items():
         at_steps = [success_at(run, "step", s.steps) for run in runs]
@@ -659,6 +660,9 @@ def report(results: dict[str, list[dict]], opts, s: Settings, out: Path) -> None
         print(f"seeds_reaching_threshold[{method}]: {got}/{len(cross[method])}")
         print(f"heldout_success_equal_steps[{method}]: {median(equal[method][0]):.3f}")
         print(f"heldout_success_equal_tokens[{method}]: {median(equal[method][1]):.3f}")
+    print(f"heldout_success_start: {start:.3f}")
+    for method in results:
+        print(f"heldout_success_equal_steps_min[{method}]: {min(equal[method][0]):.3f}")
     print(f"grpo_ratio_is_a_bound: {str(not all(cross['grpo'])).lower()}")
     for method in results:
         if method != "grpo":
@@ -710,6 +714,12 @@ def main() -> None:
     parser.add_argument(
         "--probe", action="store_true", help="only measure the warm checkpoint's feedback reading"
     )
+    parser.add_argument(
+        "--warm_only",
+        action="store_true",
+        help="only build (or find) the warm checkpoint and print its folder, e.g. to collect "
+        "on-policy ratings from it for --reward_model",
+    )
     parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
     parser.add_argument(
         "--reward_model",
@@ -736,6 +746,9 @@ def main() -> None:
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     warm = warm_checkpoint(s, out)
+    if opts.warm_only:
+        print(f"warm_checkpoint: {warm}")
+        return
     if opts.probe:
         for name, value in probe_feedback_skill(warm, s).items():
             print(f"probe_{name}: {value:.3f}")
