@@ -6,6 +6,8 @@
                                                       #   retry without reflection
     python bench/learning.py --methods grpo --reward_model runs/rm   # a learned reward
                                                       #   model as the only training signal
+    python bench/learning.py --warmup_memory same_prompt   # a warm-up whose memory shows
+                                                      #   the same prompt's fixes
 
 Design (picked by measuring; the README's Measured section has the numbers):
 
@@ -110,6 +112,9 @@ VARIANTS = {
     "erl_per_part": {"loss_normalization": "per_part", "memory_scope": "similar"},
     "erl_same_prompt": {"loss_normalization": "merged", "memory_scope": "same_prompt"},
     "erl_per_part_same_prompt": {"loss_normalization": "per_part", "memory_scope": "same_prompt"},
+    # With --warmup_memory same_prompt, ~30 successful retries per step are internalized:
+    # weighted up to an SFT-like strength.
+    "erl_same_prompt_coef10": {"memory_scope": "same_prompt", "internalization_coef": 10.0},
 }
 
 
@@ -135,9 +140,13 @@ class Settings:
     eval_every: int
     hidden: int
     layers: int
+    warmup_memory: str = "similar"
 
     def key(self, extra: dict | None = None) -> str:
-        text = json.dumps({**asdict(self), **(extra or {})}, sort_keys=True)
+        fields = asdict(self)
+        if fields["warmup_memory"] == "similar":  # the first warm-up's: keep its cached names
+            del fields["warmup_memory"]
+        text = json.dumps({**fields, **(extra or {})}, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
@@ -180,7 +189,7 @@ def base_args(output_dir: str, seed: int, s: Settings, **overrides) -> ERLConfig
 def warm_checkpoint(s: Settings, cache: Path) -> Path:
     """The shared starting checkpoint: built and warmed up once per warm-up setting."""
     keys = ("style", "warmup_steps", "warmup_lr", "feedback_examples", "feedback_levels")
-    keys += ("reference_examples", "hidden", "layers", "max_tokens")
+    keys += ("reference_examples", "hidden", "layers", "max_tokens", "warmup_memory")
     folder = cache / f"warm-{s.key({k: None for k in asdict(s) if k not in keys})}"
     if (folder / "config.json").exists():
         return folder
@@ -211,6 +220,7 @@ def warm_checkpoint(s: Settings, cache: Path) -> Path:
                     retry_template=RETRY_TEMPLATE,
                     style=s.style,
                     seed=level,
+                    memory_scope=s.warmup_memory,
                 )
             )
         )
@@ -706,6 +716,12 @@ def main() -> None:
     parser.add_argument("--feedback_examples", type=int, default=6000)
     parser.add_argument("--feedback_levels", default="2")
     parser.add_argument("--reference_examples", type=int, default=0)
+    parser.add_argument(
+        "--warmup_memory",
+        choices=("similar", "same_prompt"),
+        default="similar",
+        help="the memory the warm-up's reflection prompts show (feedback_rows' memory_scope)",
+    )
     parser.add_argument("--eval_n", type=int, default=128)
     parser.add_argument("--eval_every", type=int, default=20)
     parser.add_argument("--hidden", type=int, default=64)
@@ -735,7 +751,7 @@ def main() -> None:
         opts.style, opts.level, opts.steps, opts.grpo_steps or opts.steps, opts.batch, opts.generations, opts.lr, opts.max_tokens,
         opts.reflection_tokens, opts.warmup_steps, opts.warmup_lr, opts.feedback_examples,
         opts.feedback_levels, opts.reference_examples, opts.eval_n, opts.eval_every,
-        opts.hidden, opts.layers,
+        opts.hidden, opts.layers, opts.warmup_memory,
     )  # fmt: skip
     # Checked before the warm-up (minutes) so a bad path fails at once. The reward model joins
     # the runs' cache key only when given, so runs on the program's reward keep their names.

@@ -18,7 +18,8 @@ Two feedback kinds (`style`), both produced by the real feedback function:
 - `"reveal"`: the task's `reveal_answer` feedback ("... The correct answer is 8."); the
   reflection restates it ("The answer is 8.").
 
-`sft_warmup(..., dataset=feedback_dataset(...))` (pipeline/warmup.py) trains on them.
+`sft_warmup(..., dataset=Dataset.from_list(feedback_rows(...)))` (pipeline/warmup.py)
+trains on them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 from curriculum.tasks.base import Row, Task
 
 STYLES = ("distance", "reveal")
+MEMORY_SCOPES = ("similar", "same_prompt")  # as ERLConfig.memory_scope
 
 # The memory line when nothing is retrieved, as ERLTrainer writes it.
 NO_MEMORY = "(none yet)"
@@ -88,15 +90,21 @@ def feedback_rows(
     seed: int,
     max_offset: int = 9,
     memory_top_k: int = 3,
+    memory_scope: str = "similar",
 ) -> list[dict[str, Any]]:
     """Two SFT rows (reflection, retry) per row of an integer-answer task, from a wrong
-    attempt off by 1..`max_offset`; memory holds up to `memory_top_k` other reflections.
+    attempt off by 1..`max_offset`.
 
     `feedback_func`, `reward_funcs` and `reward_weights` are the ones the ERL run uses, so
     the warm-up shows the model exactly the feedback and (weighted) reward it will read.
+    The memory shown is what the run's `memory_scope` retrieves: `"similar"`, up to
+    `memory_top_k` reflections written for other prompts; `"same_prompt"`, none (a prompt
+    not fixed before) or, for half the rows, this prompt's own earlier fix.
     """
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    if memory_scope not in MEMORY_SCOPES:
+        raise ValueError(f"memory_scope must be one of {MEMORY_SCOPES}, got {memory_scope!r}")
     if max_offset < 1:
         raise ValueError(f"max_offset must be >= 1, got {max_offset}")
     rng = random.Random(seed)
@@ -117,9 +125,14 @@ def feedback_rows(
 
     out = []
     for i, row in enumerate(rows):
-        # Memory at training time holds reflections that worked on other prompts.
-        lessons = [reflections[j] for j in rng.sample(range(len(rows)), rng.randint(0, 3))]
-        lessons = [lesson for lesson in lessons if lesson != reflections[i]][:memory_top_k]
+        if memory_scope == "similar":  # reflections that worked on other prompts
+            lessons = [reflections[j] for j in rng.sample(range(len(rows)), rng.randint(0, 3))]
+            lessons = [lesson for lesson in lessons if lesson != reflections[i]][:memory_top_k]
+        elif memory_top_k > 0 and rng.random() < 0.5:  # this prompt's fix of an earlier attempt
+            earlier = answers[i] + rng.choice([-1, 1]) * rng.randint(1, max_offset)
+            lessons = [reflection_target(earlier, answers[i], style)]
+        else:  # a prompt not seen, or not fixed, before
+            lessons = []
         out.append(
             {
                 "prompt": reflection_prompt(

@@ -13,7 +13,7 @@ from pipeline.feedback_warmup import feedback_rows, reflection_target
 from rewards import Scorer, build_feedback_func, build_reward_funcs
 
 
-def _rows(style: str, n: int = 40):
+def _rows(style: str, n: int = 40, memory_scope: str = "similar"):
     task = get_task("arithmetic", reveal_answer=style == "reveal")
     scorer = Scorer(task)
     funcs, weights = build_reward_funcs(task, {"correctness": 1.0}, scorer=scorer)
@@ -32,8 +32,43 @@ def _rows(style: str, n: int = 40):
         retry_template=DEFAULT_RETRY_PROMPT,
         style=style,
         seed=0,
+        memory_scope=memory_scope,
     )
     return task, source, out
+
+
+def _lessons(reflection_row) -> list[str]:
+    """The memory lines of a reflection prompt (DEFAULT_REFLECTION_PROMPT's Memory block)."""
+    text = reflection_row["prompt"][0]["content"]
+    return [line[2:] for line in text.splitlines() if line.startswith("- ")]
+
+
+@pytest.mark.parametrize("style", ["distance", "reveal"])
+def test_memory_shows_what_the_runs_memory_scope_retrieves(style):
+    """`same_prompt`: nothing, or a fix of this prompt (reaching its answer); `similar`:
+    fixes written for other prompts."""
+    _, source, same = _rows(style, n=60, memory_scope="same_prompt")
+    _, _, similar = _rows(style, n=60, memory_scope="similar")
+    shown = repeated = 0
+    for row, reflection in zip(source, same[0::2]):
+        lessons = _lessons(reflection)
+        assert len(lessons) <= 1
+        for lesson in lessons:
+            shown += 1
+            assert re.search(rf"(=|is) {row['answer']}\.$", lesson), lesson
+            repeated += lesson == reflection["completion"][0]["content"]
+    assert 15 <= shown <= 45  # about half the prompts were fixed before
+    if style == "distance":  # the fix of an earlier (other) wrong attempt, mostly
+        assert repeated < shown / 2
+    others = [
+        lesson
+        for row, reflection in zip(source, similar[0::2])
+        for lesson in _lessons(reflection)
+        if not re.search(rf"(=|is) {row['answer']}\.$", lesson)
+    ]
+    assert others  # other problems' answers
+    with pytest.raises(ValueError, match="memory_scope must be one of"):
+        _rows(style, n=2, memory_scope="global")
 
 
 def test_distance_rows_carry_the_offset_and_the_right_fix():
