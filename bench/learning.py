@@ -745,6 +745,17 @@ def main() -> None:
         "success is still the task's correctness",
     )
     opts = parser.parse_args()
+    methods = opts.methods.split(",") if opts.methods else list(METHODS)
+    if opts.ablations and not opts.methods:
+        methods += list(ABLATIONS)
+    known = {**METHODS, **ABLATIONS, **VARIANTS}
+    unknown = [m for m in methods if m not in known]
+    if unknown or "grpo" not in methods:
+        # GRPO is the reference every figure of the report is compared with.
+        parser.error(
+            f"--methods {opts.methods!r}: "
+            + (f"unknown {unknown}; choose from {sorted(known)}" if unknown else "include grpo")
+        )
 
     torch.set_num_threads(1)  # fair and stable on a shared machine
     s = Settings(
@@ -773,9 +784,6 @@ def main() -> None:
     start_success = held_out(task, AutoTokenizer.from_pretrained(warm), s)(
         AutoModelForCausalLM.from_pretrained(warm)
     )
-    methods = opts.methods.split(",") if opts.methods else list(METHODS)
-    if opts.ablations and not opts.methods:
-        methods += list(ABLATIONS)
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as work:
         for seed in range(opts.seeds):
