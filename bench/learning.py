@@ -115,6 +115,10 @@ VARIANTS = {
     # With --warmup_memory same_prompt, ~30 successful retries per step are internalized:
     # weighted up to an SFT-like strength.
     "erl_same_prompt_coef10": {"memory_scope": "same_prompt", "internalization_coef": 10.0},
+    # Reflections and retries only supply the memory and the internalized answers: the
+    # loss sees the first attempts (undiluted) and internalization.
+    "erl_untrained_retries": {"train_retries": False},
+    "erl_untrained_retries_coef10": {"train_retries": False, "internalization_coef": 10.0},
 }
 
 

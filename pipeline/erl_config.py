@@ -98,6 +98,14 @@ class ERLConfig(GRPOConfig):
         default=True,
         metadata={"help": "Distil successful retries into answers to the original prompt."},
     )
+    train_retries: bool = field(
+        default=True,
+        metadata={
+            "help": "Train the reflection and retry rows with the retry advantage. False: they "
+            "stay in the batch inert, and only supply the memory and the internalized answers "
+            "(the first attempts and internalization are then all the loss sees)."
+        },
+    )
     retry_advantage: str = field(
         default="group",
         metadata={

@@ -302,11 +302,13 @@ class ERLTrainer(GRPOTrainer):
             [(prompt_texts[j], reflections[j].strip()) for j in range(len(idx)) if success[j]]
         )
 
+        # Untrained retries stay as inert rows: every process keeps the same row count.
+        trained = list(valid) if self.args.train_retries else [False] * len(valid)
         new_rows = NewRows(
             refl_prompt_ids,
             refl_ids,
             advantages,
-            list(valid),
+            trained,
             self._trainable(refl_ids),
             refl_logps,
             parts=[PART_RETRY] * len(idx),
@@ -316,7 +318,7 @@ class ERLTrainer(GRPOTrainer):
                 retry_prompt_ids,
                 retry_ids,
                 list(advantages),
-                list(valid),
+                list(trained),
                 self._trainable(retry_ids),
                 retry_logps,
                 parts=[PART_RETRY] * len(idx),

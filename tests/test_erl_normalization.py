@@ -37,27 +37,48 @@ def _rows(batch: dict, rows: torch.Tensor, num_items: torch.Tensor) -> dict:
     return out
 
 
-def test_per_part_gradient_is_the_sum_of_separately_normalised_losses(
-    tiny_model_dir, arithmetic_dataset, erl_args
-):
-    # length_reward varies between completions: y1 and retries both get nonzero advantages,
-    # some retries reach 0.5 (internalized), some do not. Memory off: both passes below
-    # must see the same reflection prompts.
+def _gated_trainer(tiny_model_dir, dataset, erl_args, **overrides) -> ERLTrainer:
+    """length_reward varies between completions: y1 and retries both get nonzero
+    advantages, some retries reach 0.5 (internalized), some do not. Memory off: two passes
+    over one batch see the same reflection prompts."""
     args = erl_args(
         reward_threshold=0.5,
         internalization_coef=COEF,
         enable_memory=False,
-        loss_normalization="merged",
         **BASE_PINS,
+        **overrides,
     )
     trainer = ERLTrainer(
         model=load_model(tiny_model_dir),
         args=args,
-        train_dataset=arithmetic_dataset,
+        train_dataset=dataset,
         reward_funcs=length_reward,
     )
-    model = trainer.model
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() in a real run
+    return trainer
+
+
+def _parts(trainer, merged: dict, first: int) -> tuple[torch.Tensor, int]:
+    """Which rows are which, and how many rows were gated: GRPO's `first` rows come first,
+    then reflections and retries (one each per gated row), then internalization (0 first
+    attempts, 1 reflections and retries, 2 internalization, 3 filler)."""
+    gated = round(first_metric(trainer, "erl/gated_fraction") * first)
+    internalized = int(first_metric(trainer, "erl/internalization_rows"))
+    assert 0 < gated < first and internalized > 0, (gated, internalized)
+    part = torch.zeros(merged["prompt_ids"].size(0), dtype=torch.long)
+    part[first : first + 2 * gated] = 1
+    part[first + 2 * gated : first + 2 * gated + internalized] = 2
+    part[first + 2 * gated + internalized :] = 3
+    return part, gated
+
+
+def test_per_part_gradient_is_the_sum_of_separately_normalised_losses(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    trainer = _gated_trainer(
+        tiny_model_dir, arithmetic_dataset, erl_args, loss_normalization="merged"
+    )
+    model = trainer.model
     batch, _ = first_generation_batch(trainer)
     torch.manual_seed(123)
     merged = trainer._generate_and_score_completions(batch)  # raw advantages
@@ -65,20 +86,8 @@ def test_per_part_gradient_is_the_sum_of_separately_normalised_losses(
     torch.manual_seed(123)
     per_part = trainer._generate_and_score_completions(batch)
     assert torch.equal(merged["completion_ids"], per_part["completion_ids"]), "not the same rows"
-
-    # Which rows are which: GRPO's rows come first (num_generations per prompt), then
-    # reflections and retries (one each per gated row), then internalization, then filler.
-    first = batch_size = len(batch)
-    gated = trainer._metrics["train"]["erl/gated_fraction"][-1] * batch_size
-    gated = round(gated)
-    internalized = int(trainer._metrics["train"]["erl/internalization_rows"][-1])
-    assert 0 < gated < batch_size and internalized > 0, (gated, internalized)
-    n = merged["prompt_ids"].size(0)
-    part = torch.zeros(n, dtype=torch.long)  # 0 first attempts
-    part[first : first + 2 * gated] = 1  # reflections and retries
-    part[first + 2 * gated : first + 2 * gated + internalized] = 2
-    part[first + 2 * gated + internalized :] = 3  # filler
-    assert not merged[INERT_KEY][: first + 2 * gated + internalized].any()
+    part, _ = _parts(trainer, merged, first=len(batch))
+    assert not merged[INERT_KEY][part < 3].any()
     mask = merged["completion_mask"]
     tokens = [mask[part == k].sum() for k in range(3)]
     assert all(t > 0 for t in tokens)
@@ -166,3 +175,36 @@ def test_loss_normalization_and_memory_scope_are_checked(erl_args):
     with pytest.raises(ValueError, match="memory_scope"):
         erl_args(memory_scope="nearest")
     assert erl_args(loss_normalization="per_part", loss_type="cispo").loss_type == "cispo"
+
+
+def test_untrained_retries_leave_grpos_loss_on_the_first_attempts(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    """`train_retries=False`: reflections and retries are generated (they feed the memory
+    and internalization) but stay inert, so the loss is GRPO's on the first attempts,
+    normalised by their own tokens, plus internalization."""
+    trainer = _gated_trainer(tiny_model_dir, arithmetic_dataset, erl_args, train_retries=False)
+    model = trainer.model
+    batch, _ = first_generation_batch(trainer)
+    merged = trainer._generate_and_score_completions(batch)
+    first = len(batch)
+    part, gated = _parts(trainer, merged, first)
+    assert merged[INERT_KEY][part == 1].all() and not merged[INERT_KEY][part == 2].any()
+    mask = merged["completion_mask"]
+    assert mask[part == 1].sum() == 0 and mask[part == 2].sum() > 0
+
+    got = _gradient(model, lambda: trainer.compute_loss(model, merged))
+    y1_and_internalization = (part == 0) | (part == 2)
+    expected = _gradient(
+        model,
+        lambda: trainer.compute_loss(
+            model, _rows(merged, y1_and_internalization, mask[y1_and_internalization].sum())
+        ),
+    )
+    errors = {name: relative_error(got[name], expected[name]) for name in expected}
+    assert got.keys() == expected.keys() and max(errors.values()) < GRADIENT_TOLERANCE, errors
+    # Trained (the default), reflections and retries bring their tokens into the loss.
+    trainer.args.train_retries = True
+    torch.manual_seed(0)
+    trained = trainer._generate_and_score_completions(batch)
+    assert trained["completion_mask"][first : first + 2 * gated].sum() > 0
