@@ -244,7 +244,7 @@ def test_rl_on_the_learned_model_alone_raises_first_attempt_correctness(models, 
         "--reward_model", str(tmp_path / "rm"),
     )  # fmt: skip
     start = float(figures["heldout_success_start"])
-    assert 0.0 < start < 0.2  # the warm policy mostly fails level 1
+    assert start < 0.2  # the warm policy mostly fails level 1
     # Measured over 5 seeds: every seed gained, by 0.062 to 0.234 (README, Measured).
     assert float(figures["heldout_success_equal_steps_min[grpo]"]) > start
     assert float(figures["heldout_success_equal_steps[grpo]"]) >= start + 0.05
