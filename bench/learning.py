@@ -72,6 +72,7 @@ from pipeline.learned_rewards import (  # noqa: E402
     add_learned_signals,
     check_reward_model_specs,
 )
+from pipeline.memory import MEMORY_SCOPES  # noqa: E402
 from pipeline.warmup import reference_dataset, sft_warmup  # noqa: E402
 from rewards import Scorer, build_feedback_func, build_reward_funcs  # noqa: E402
 
@@ -637,7 +638,7 @@ def report(results: dict[str, list[dict]], opts, s: Settings, out: Path) -> None
             print(f"    {key:8s} per seed {[round(v, 1) for v in vals]}  {spread(vals)}")
 
     grpo_tokens = median([run["steps"][-1]["tokens"] for run in results["grpo"]])
-    start = next(iter(results.values()))[0]["start_success"]  # the warm checkpoint's
+    start = results["grpo"][0]["start_success"]  # the warm checkpoint's
     print(f"\nheld-out first-attempt success (greedy, {s.eval_n} level-{s.level} prompts):")
     print(f"  start (warm checkpoint): {start:.3f}")
     equal = {}
@@ -722,7 +723,7 @@ def main() -> None:
     parser.add_argument("--reference_examples", type=int, default=0)
     parser.add_argument(
         "--warmup_memory",
-        choices=("similar", "same_prompt"),
+        choices=MEMORY_SCOPES,
         default="similar",
         help="the memory the warm-up's reflection prompts show (feedback_rows' memory_scope)",
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.backend import activate_backend
+from pipeline.memory import MEMORY_SCOPES
 
 activate_backend()  # before trl: on a GPU, Unsloth rebinds trl.GRPOConfig / trl.GRPOTrainer
 
@@ -30,7 +31,6 @@ LOSS_NORMALIZATIONS = ("merged", "per_part")
 # (positive scaling commutes with DAPO's clipping), so scaling a part's advantages by
 # (merged tokens / part tokens) is exactly normalising that part over its own tokens.
 PER_PART_LOSSES = ("dapo", "cispo")
-MEMORY_SCOPES = ("similar", "same_prompt")
 RETRY_PLACEHOLDERS = ("prompt", "reflection")
 
 

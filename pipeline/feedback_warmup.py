@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from curriculum.tasks.base import Row, Task
+from pipeline.memory import MEMORY_SCOPES
 
 STYLES = ("distance", "reveal")
-MEMORY_SCOPES = ("similar", "same_prompt")  # as ERLConfig.memory_scope
 
 # The memory line when nothing is retrieved, as ERLTrainer writes it.
 NO_MEMORY = "(none yet)"

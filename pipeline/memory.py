@@ -11,6 +11,7 @@ from pathlib import Path
 from curriculum.state import atomic_write_json
 
 MEMORY_FILE = "erl_memory.json"
+MEMORY_SCOPES = ("similar", "same_prompt")  # what `retrieve` (and ERLConfig.memory_scope) take
 _WORD = re.compile(r"\w+")
 
 
@@ -61,7 +62,7 @@ class ReflectionMemory:
         """The `k` reflections most relevant to `prompt` (Jaccard word overlap; recency breaks
         ties). `scope="same_prompt"`: only reflections written for this exact prompt, newest
         first (a lesson for another problem can mislead: measured in the README)."""
-        if scope not in ("similar", "same_prompt"):
+        if scope not in MEMORY_SCOPES:
             raise ValueError(f"scope must be 'similar' or 'same_prompt', got {scope!r}")
         if k <= 0 or not self._entries:
             return []
