@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.backend import UNSLOTH_CPU_TRAINER_ENV, activate_backend
+from pipeline.models.backend import UNSLOTH_CPU_TRAINER_ENV, activate_backend
 
 # The backend decides how trl is imported, so it is read before anything imports trl.
 _pre = argparse.ArgumentParser(add_help=False)
@@ -50,7 +50,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig, ERLTrainer, build_tiny_model  # noqa: E402
-from pipeline.model_loading import add_mode_switches  # noqa: E402
+from pipeline.models.loading import add_mode_switches  # noqa: E402
 
 
 def length_reward(completions, **kwargs):

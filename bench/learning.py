@@ -9,10 +9,10 @@
     python bench/learning.py --warmup_memory same_prompt   # a warm-up whose memory shows
                                                       #   the same prompt's fixes
 
-Design (picked by measuring; the README's Measured section has the numbers):
+Design (picked by measuring; docs/log.md has the numbers):
 
 - model: the project's tiny model, warmed up once with SFT on feedback-reading rows only
-  (pipeline/feedback_warmup.py) at `--feedback_levels` (default 2): the ERL reflection
+  (pipeline/erl/feedback_warmup.py) at `--feedback_levels` (default 2): the ERL reflection
   prompt for a wrong attempt with the real feedback -> a reflection that states the fix,
   and the retry prompt with that reflection -> the right answer. The warm-up never shows
   a first attempt at the trained level, so its first attempts mostly fail;
@@ -48,7 +48,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.backend import activate_backend
+from pipeline.models.backend import activate_backend
 
 activate_backend()
 
@@ -57,23 +57,19 @@ from datasets import Dataset, concatenate_datasets  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
-import pipeline.erl_trainer as erl_trainer  # noqa: E402
+import pipeline.erl.trainer as erl_trainer  # noqa: E402
 from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig, ERLTrainer, build_tiny_model  # noqa: E402
-from pipeline.evaluation import evaluate_first_attempts, generate_completions  # noqa: E402
-from pipeline.feedback_warmup import (  # noqa: E402
-    feedback_rows,
-    memory_text,
-    reflection_prompt,
-    retry_prompt,
-)
-from pipeline.learned_rewards import (  # noqa: E402
+from pipeline.erl.feedback_warmup import feedback_rows  # noqa: E402
+from pipeline.erl.memory import MEMORY_SCOPES  # noqa: E402
+from pipeline.erl.prompts import memory_text, reflection_prompt, retry_prompt  # noqa: E402
+from pipeline.evaluate.first_attempts import evaluate_first_attempts, generate_completions  # noqa: E402
+from pipeline.reward_model.signals import (  # noqa: E402
     INFO_FILE,
     add_learned_signals,
     check_reward_model_specs,
 )
-from pipeline.memory import MEMORY_SCOPES  # noqa: E402
-from pipeline.warmup import reference_dataset, sft_warmup  # noqa: E402
+from pipeline.run.warmup import reference_dataset, sft_warmup  # noqa: E402
 from rewards import Scorer, build_feedback_func, build_reward_funcs  # noqa: E402
 
 # Short templates: the tiny model reads these; the defaults are written for real LLMs.
@@ -108,7 +104,7 @@ VARIANTS = {
     # fell from 0.20 to ~0.03 as it filled) and internalization weighted up to an SFT-like
     # strength: ~11 internalized rows of ~1,600 trained tokens per step.
     "erl_nomem_coef10": {"enable_memory": False, "internalization_coef": 10.0},
-    # The options built for those two findings, alone and together (README, issue 9).
+    # The options built for those two findings, alone and together (docs/log.md, issue 9).
     "erl_merged": {"loss_normalization": "merged", "memory_scope": "similar"},
     "erl_per_part": {"loss_normalization": "per_part", "memory_scope": "similar"},
     "erl_same_prompt": {"loss_normalization": "merged", "memory_scope": "same_prompt"},
@@ -283,7 +279,12 @@ def probe_feedback_skill(warm: Path, s: Settings, n: int = 256) -> dict[str, flo
     reflections = sample(
         [
             reflection_prompt(
-                r["prompt"], first[i], f, float(x), memory_text([]), REFLECTION_TEMPLATE
+                r["prompt"],
+                REFLECTION_TEMPLATE,
+                attempt=first[i],
+                feedback=f,
+                reward=float(x),
+                memory=memory_text([]),
             )
             for r, i, f, x in zip(w_rows, wrong, feedback, rewards)
         ],
@@ -291,7 +292,7 @@ def probe_feedback_skill(warm: Path, s: Settings, n: int = 256) -> dict[str, flo
         2,
     )
     retries = sample(
-        [retry_prompt(r["prompt"], t.strip(), RETRY_TEMPLATE) for r, t in zip(w_rows, reflections)],
+        [retry_prompt(r["prompt"], RETRY_TEMPLATE, t.strip()) for r, t in zip(w_rows, reflections)],
         s.max_tokens,
         3,
     )

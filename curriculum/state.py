@@ -8,8 +8,8 @@ The file is a contract other tools read:
                  "next_level": L'|null, "demoted": bool}, ...],
      "current_stage": k, "finished": bool, "controller": {...}}
 
-Every write goes through `atomic_write_json`, so a kill at any moment leaves either the
-old file or the new one. Resume semantics: a stage whose status is "promoted" or
+Every write is atomic (`curriculum.atomic`), so a kill at any moment leaves either the old
+file or the new one. Resume semantics: a stage whose status is "promoted" or
 "plateau" is finished and never trained again; a "running" stage resumes.
 """
 
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-STATE_FILENAME = "curriculum_state.json"
+from curriculum.atomic import atomic_write_json
+
 Status = Literal["running", "promoted", "plateau"]
 STATUSES: tuple[str, ...] = ("running", "promoted", "plateau")
 FINISHED_STATUSES: tuple[str, ...] = ("promoted", "plateau")
@@ -30,35 +30,6 @@ FINISHED_STATUSES: tuple[str, ...] = ("promoted", "plateau")
 
 class CorruptStateError(ValueError):
     """The state file exists but cannot be read as a curriculum state."""
-
-
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write `obj` as JSON to `path` so that readers see the old file or the new one, never
-    a part: temp file in the same folder, flush + fsync, then `os.replace`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Same folder: os.replace is only atomic within one filesystem.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            # allow_nan=False: NaN is not JSON, and other tools parse this file strictly.
-            json.dump(obj, f, indent=2, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        # Also on KeyboardInterrupt: never leave temp files behind.
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    # Persist the rename itself; without this a power cut may bring back the old file.
-    # (Windows cannot open a folder; its MoveFileEx is durable enough for us.)
-    if os.name != "nt":
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 @dataclass

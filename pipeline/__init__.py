@@ -12,21 +12,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from pipeline.backend import activate_backend, active_backend
+from pipeline.models.backend import activate_backend, active_backend
 
 if TYPE_CHECKING:
-    from pipeline.erl_config import ERLConfig
-    from pipeline.erl_trainer import ERLTrainer
-    from pipeline.memory import ReflectionMemory
-    from pipeline.smollm2 import build_smollm2
-    from pipeline.tiny_model import build_tiny_model
+    from pipeline.erl.config import ERLConfig
+    from pipeline.erl.memory import ReflectionMemory
+    from pipeline.erl.trainer import ERLTrainer
+    from pipeline.models.smollm2 import build_smollm2
+    from pipeline.models.tiny import build_tiny_model
 
 _LAZY = {
-    "ERLConfig": "pipeline.erl_config",
-    "ERLTrainer": "pipeline.erl_trainer",
-    "ReflectionMemory": "pipeline.memory",
-    "build_smollm2": "pipeline.smollm2",
-    "build_tiny_model": "pipeline.tiny_model",
+    "ERLConfig": "pipeline.erl.config",
+    "ERLTrainer": "pipeline.erl.trainer",
+    "ReflectionMemory": "pipeline.erl.memory",
+    "build_smollm2": "pipeline.models.smollm2",
+    "build_tiny_model": "pipeline.models.tiny",
 }
 
 __all__ = [

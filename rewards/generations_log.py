@@ -17,7 +17,9 @@ import math
 import os
 from typing import Any
 
-FILENAME = "generations.jsonl"
+from curriculum.atomic import atomic_write_bytes
+
+GENERATIONS_FILE = "generations.jsonl"
 
 # A 1 MB completion would make the log unreadable; the head says enough about it.
 MAX_TEXT_CHARS = 4000
@@ -31,7 +33,7 @@ class GenerationsLog:
             raise ValueError(f"log_every must be an int >= 1, got {every!r}")
         if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
             raise ValueError(f"log_samples must be an int >= 1, got {samples!r}")
-        self.path = os.path.join(os.fspath(log_dir), FILENAME)
+        self.path = os.path.join(os.fspath(log_dir), GENERATIONS_FILE)
         self.every = every
         self.samples = samples
         self.stage: int | None = None
@@ -52,10 +54,7 @@ class GenerationsLog:
             lines = f.readlines()
         kept = [line for line in lines if _kept(line, stage, stage_step)]
         if len(kept) != len(lines):
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
-                f.writelines(kept)
-            os.replace(tmp, self.path)
+            atomic_write_bytes(self.path, "".join(kept).encode("utf-8", "surrogateescape"))
 
     def due(self, batch_index: int, retry: bool = False) -> bool:
         """Whether batch `batch_index` (0, 1, ...) is one to log and has not been logged yet.

@@ -6,7 +6,7 @@ completions GRPO sampled for one prompt are compared two by two by a *judge*
 better, 0: `b` is better, 0.5: a tie; True/False count as 1/0). A completion's reward is
 the share of its comparisons it won, in [0, 1]; alone in its group it scores 0.5.
 
-A judge is a reward model (see `pipeline.learned_rewards`, Bradley–Terry:
+A judge is a reward model (see `pipeline.reward_model.signals`, Bradley–Terry:
 P(a ≻ b) = σ(r_a − r_b)) or a human-feedback function named in a recipe as
 `"module:function"`, imported with importlib (never evaluated as code). No torch here.
 """

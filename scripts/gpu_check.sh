@@ -18,15 +18,15 @@ PY="${1:-.venv/bin/python}"
 ERL_CHECK_MODE="$MODE" "$PY" - <<'PYCODE'
 import json, os, time
 import torch
-from pipeline.backend import activate_backend
+from pipeline.models.backend import activate_backend
 cpu = os.environ["ERL_CHECK_MODE"] == "cpu"
 if not cpu and not torch.cuda.is_available():
     raise SystemExit("no CUDA GPU here: bash scripts/gpu_check.sh --cpu runs the CPU mode")
 print("backend:", activate_backend("unsloth"), "| device:", "cpu" if cpu else torch.cuda.get_device_name(0))
 from datasets import Dataset
 from curriculum.tasks import get_task
-from pipeline.model_loading import ModelConfig, load_policy
-from pipeline.tiny_model import build_tiny_model
+from pipeline.models.loading import ModelConfig, load_policy
+from pipeline.models.tiny import build_tiny_model
 from pipeline import ERLConfig, ERLTrainer
 from rewards import Scorer, build_feedback_func, build_reward_funcs
 

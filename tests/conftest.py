@@ -10,7 +10,7 @@ from rewards import completion_text
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The project's tiny Llama model + tokenizer, built once per test session."""
-    from pipeline.tiny_model import build_tiny_model
+    from pipeline.models.tiny import build_tiny_model
 
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "model"))
 

@@ -11,8 +11,8 @@ import textwrap
 import pytest
 import torch
 
-from pipeline.backend import activate_backend, check_trainer_base, resolve_backend
-from pipeline.cpu_logprob import torch_logprobs
+from pipeline.models.backend import activate_backend, check_trainer_base, resolve_backend
+from pipeline.models.cpu_logprob import torch_logprobs
 
 
 def test_auto_takes_transformers_without_a_gpu_and_bad_names_are_listed():
@@ -76,7 +76,7 @@ def test_transformers_backend_routes_trl_kernel_through_the_cpu_fallback():
     activate_backend()
     from trl.trainer import utils as trl_utils
 
-    from pipeline.cpu_logprob import _DeviceDispatchingLogProb
+    from pipeline.models.cpu_logprob import _DeviceDispatchingLogProb
 
     assert isinstance(trl_utils._ChunkedLogProbFunction, _DeviceDispatchingLogProb)
 
@@ -84,7 +84,7 @@ def test_transformers_backend_routes_trl_kernel_through_the_cpu_fallback():
 def test_load_policy_transformers_gives_a_lora_model(tiny_model_dir):
     from peft import PeftModel
 
-    from pipeline.model_loading import ModelConfig, load_policy
+    from pipeline.models.loading import ModelConfig, load_policy
 
     model, tokenizer = load_policy(
         ModelConfig(
@@ -98,7 +98,7 @@ def test_load_policy_transformers_gives_a_lora_model(tiny_model_dir):
 
 
 def test_model_config_rejects_bad_values():
-    from pipeline.model_loading import ModelConfig
+    from pipeline.models.loading import ModelConfig
 
     with pytest.raises(ValueError, match="backend must be one of"):
         ModelConfig(backend="fast").validate()
@@ -109,7 +109,7 @@ def test_model_config_rejects_bad_values():
 UNSLOTH_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from pipeline.model_loading import ModelConfig, load_policy
+    from pipeline.models.loading import ModelConfig, load_policy
     model, tokenizer = load_policy(ModelConfig(model_name_or_path=sys.argv[1], backend="unsloth", lora_r=4))
     from datasets import Dataset
     from curriculum.tasks import get_task

@@ -147,8 +147,8 @@ def test_parameter_defaults_are_the_recipe_values():
 
 def test_colab_recipe_parses_with_t4_settings(tmp_path):
     from curriculum.tasks import get_task
-    from pipeline.backend import activate_backend
-    from pipeline.run_config import parse_run_config
+    from pipeline.models.backend import activate_backend
+    from pipeline.run.config import parse_run_config
 
     activate_backend()  # parse_run_config imports trl; `backend: unsloth` is a string here
     # Parsed as written: fp16 with bf16 off passes GRPOConfig's post-init on a CPU too, so

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from curriculum.tasks import get_task
-from pipeline.collect_ratings import SEED_OFFSET, main
+from pipeline.reward_model.collect import SEED_OFFSET, main
 from rewards.pairwise import prompt_key
 
 

@@ -16,15 +16,15 @@ import torch
 from conftest import alternating_reward, first_generation_batch, length_reward
 
 from pipeline import ERLConfig, ERLTrainer
-from pipeline.backend import unsloth_trainer_active
-from pipeline.erl_batch import (
+from pipeline.erl.batch import (
     INERT_KEY,
     TOKEN_BUDGET_KEY,
     NewRows,
     completion_layout,
     merge_rows,
 )
-from pipeline.tiny_model import PAD_TOKEN, SPECIAL_TOKENS
+from pipeline.models.backend import unsloth_trainer_active
+from pipeline.models.tiny import PAD_TOKEN, SPECIAL_TOKENS
 
 UNSLOTH = unsloth_trainer_active()
 # The tiny model samples any token, its pad token included. Unsloth's loss takes a pad id
@@ -47,7 +47,7 @@ def load_model(folder):
     """A fresh copy of the tiny model (Unsloth's trainer takes model objects only)."""
     from transformers import AutoModelForCausalLM
 
-    from pipeline.model_loading import add_mode_switches
+    from pipeline.models.loading import add_mode_switches
 
     model = AutoModelForCausalLM.from_pretrained(folder)
     add_mode_switches(model)
@@ -346,7 +346,7 @@ def test_sampling_logprobs_from_the_generator_give_sane_ratios(
             [True] * len(prompt_ids),
             [True] * len(prompt_ids),
         )
-        from pipeline.erl_batch import pad_rows
+        from pipeline.erl.batch import pad_rows
 
         batch = pad_rows(rows, trainer._tokenizer.pad_token_id, "cpu")
         logps = completion_layout(
@@ -411,7 +411,7 @@ def test_unsupported_inputs_are_refused_when_built(
 def test_tiny_recipe_runs_end_to_end_on_unsloths_trainer(tiny_model_dir, tmp_path):
     import json
 
-    from pipeline.run import main
+    from pipeline.run.cli import main
 
     out = tmp_path / "run"
     argv = ["--config", "configs/tiny.yaml", "--backend", "unsloth"]

@@ -1,4 +1,4 @@
-"""pipeline.erl_batch: ERL's rows in the base trainer's layout (TRL's here; Unsloth's in
+"""pipeline.erl.batch: ERL's rows in the base trainer's layout (TRL's here; Unsloth's in
 tests/test_erl_bases.py, run on its trainer by tests/test_unsloth_trainer.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 from conftest import length_reward
 
 from pipeline import ERLTrainer
-from pipeline.erl_batch import (
+from pipeline.erl.batch import (
     INERT_KEY,
     NewRows,
     cat_padded,
@@ -149,7 +149,7 @@ def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
     """Optional per-token tensors get rows exactly when GRPO's batch has them; the row
     count becomes a multiple of steps_per_generation with inert pad-only rows; reported
     sampling log-probs are kept and give the importance ratio TRL would compute."""
-    from pipeline.erl_batch import merge_rows
+    from pipeline.erl.batch import merge_rows
 
     args = erl_args(steps_per_generation=4, beta=0.1)
     trainer = ERLTrainer(

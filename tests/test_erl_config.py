@@ -16,7 +16,7 @@ def test_seed_defaults():
     assert (config.reward_threshold, config.memory_size, config.memory_top_k) == (1.0, 50, 3)
     assert config.internalization_coef == 1.0
     assert config.enable_memory and config.enable_internalization
-    # Chosen by measurement (README, issue 9's bullet in "Measured").
+    # Chosen by measurement (docs/log.md, "memory_scope and loss_normalization").
     assert (config.memory_scope, config.loss_normalization) == ("same_prompt", "merged")
     for placeholder in ("{prompt}", "{attempt}", "{feedback}", "{reward:.2f}", "{memory}"):
         assert placeholder in config.reflection_system_prompt

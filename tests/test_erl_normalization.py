@@ -15,7 +15,7 @@ from conftest import first_generation_batch, length_reward
 from test_erl_bases import BASE_PINS, GRADIENT_TOLERANCE, load_model, relative_error
 
 from pipeline import ERLTrainer
-from pipeline.erl_batch import INERT_KEY
+from pipeline.erl.batch import INERT_KEY
 
 COEF = 1.5
 

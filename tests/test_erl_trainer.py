@@ -11,7 +11,7 @@ from peft import LoraConfig
 from transformers import TrainerCallback
 
 from pipeline import ERLConfig, ERLTrainer
-from pipeline.erl_trainer import _retry_advantages
+from pipeline.erl.trainer import _retry_advantages
 from rewards import completion_text
 
 
@@ -324,7 +324,7 @@ def test_a_solved_row_is_not_gated_by_float_rounding(tiny_model_dir, arithmetic_
     assert trainer._metrics["train"]["erl/gated_fraction"] == [0.0]
     assert out["prompt_ids"].size(0) == 8  # GRPO's rows only
 
-    from pipeline.erl_config import reaches_threshold
+    from pipeline.erl.config import reaches_threshold
 
     assert reaches_threshold(scores[0].item(), 1.0) and not reaches_threshold(0.9999, 1.0)
     assert reaches_threshold(-2.0, -2.0) and not reaches_threshold(float("nan"), 0.0)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from curriculum.tasks import get_task
 from curriculum.tasks.arithmetic import ArithmeticTask
-from pipeline.evaluate import main, parse_key_values
-from pipeline.evaluation import (
+from pipeline.evaluate.cli import main, parse_key_values
+from pipeline.evaluate.first_attempts import (
     EVAL_SEED_BASE,
     evaluate_first_attempts,
     generate_completions,

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from curriculum.tasks import get_task
-from pipeline.erl_config import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
-from pipeline.feedback_warmup import feedback_rows, reflection_target
+from pipeline.erl.feedback_warmup import feedback_rows, reflection_target
+from pipeline.erl.prompts import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
 from rewards import Scorer, build_feedback_func, build_reward_funcs
 
 
@@ -100,44 +100,66 @@ def test_reveal_rows_restate_the_revealed_answer():
         assert reflection["completion"][0]["content"] == f"The answer is {row['answer']}."
 
 
-def test_prompts_are_the_ones_erl_trainer_builds():
-    """Same text as ERLTrainer's reflection and retry prompts for the same inputs."""
-    from pipeline.erl_trainer import ERLTrainer, _prompt_text
-    from pipeline.feedback_warmup import memory_text, reflection_prompt, retry_prompt
-    from pipeline.memory import ReflectionMemory
+def test_prompts_follow_the_templates_and_keep_the_system_turn():
+    """pipeline.erl.prompts: what ERLTrainer and the warm-up both show the model."""
+    from pipeline.erl.prompts import (
+        NO_MEMORY,
+        memory_text,
+        prompt_text,
+        reflection_prompt,
+        retry_prompt,
+    )
 
     row = get_task("arithmetic").generate(2, 1, seed=1)[0]
-    args = SimpleNamespace(
-        retry_system_prompt=DEFAULT_RETRY_PROMPT,
-        enable_memory=True,
-        memory_top_k=3,
-        memory_scope="same_prompt",  # ERLConfig's default
-    )
-    memory = ReflectionMemory(5)
-    memory.add(_prompt_text(row["prompt"]), "2 + 3 = 5.", step=0)
-    fake = SimpleNamespace(args=args, memory=memory)
-    trainer_memory = ERLTrainer._memory_text(fake, _prompt_text(row["prompt"]))
-    assert trainer_memory == memory_text(["2 + 3 = 5."])
-    assert ERLTrainer._memory_text(SimpleNamespace(args=args, memory=ReflectionMemory(1)), "x") == (
-        memory_text([])
-    )
-    expected = ERLTrainer._as_prompt(
+    system, user = row["prompt"]
+    assert prompt_text(row["prompt"]) == system["content"] + "\n" + user["content"]
+    assert memory_text([]) == NO_MEMORY and memory_text(["a", "b"]) == "- a\n- b"
+    reflection = reflection_prompt(
         row["prompt"],
-        DEFAULT_REFLECTION_PROMPT.format(
-            prompt=_prompt_text(row["prompt"]),
-            attempt="<answer>3</answer>",
-            feedback="F",
-            reward=0.0,
-            memory=trainer_memory,
-        ),
+        DEFAULT_REFLECTION_PROMPT,
+        attempt="<answer>3</answer>",
+        feedback="F",
+        reward=0.0,
+        memory=memory_text(["2 + 3 = 5."]),
     )
-    ours = reflection_prompt(
-        row["prompt"], "<answer>3</answer>", "F", 0.0, trainer_memory, DEFAULT_REFLECTION_PROMPT
+    assert [m["role"] for m in reflection] == ["user"]
+    assert reflection[0]["content"] == DEFAULT_REFLECTION_PROMPT.format(
+        prompt=prompt_text(row["prompt"]),
+        attempt="<answer>3</answer>",
+        feedback="F",
+        reward=0.0,
+        memory="- 2 + 3 = 5.",
     )
-    assert ours == expected
-    assert retry_prompt(row["prompt"], "R", DEFAULT_RETRY_PROMPT) == ERLTrainer._retry_prompt(
-        fake, row["prompt"], "R"
+    retry = retry_prompt(row["prompt"], DEFAULT_RETRY_PROMPT, "R")
+    assert retry[0] == system
+    assert retry[1] == {
+        **user,
+        "content": DEFAULT_RETRY_PROMPT.format(prompt=user["content"], reflection="R"),
+    }
+    # Plain-text datasets get plain-text prompts.
+    assert (
+        reflection_prompt("Q", "{prompt}|{attempt}", attempt="A", feedback="", reward=0, memory="")
+        == "Q|A"
     )
+    assert retry_prompt("Q", DEFAULT_RETRY_PROMPT, "R") == DEFAULT_RETRY_PROMPT.format(
+        prompt="Q", reflection="R"
+    )
+
+
+def test_trainer_memory_text_is_the_warmups():
+    """The `{memory}` ERLTrainer writes for a prompt with a stored fix, and without one."""
+    from pipeline.erl.memory import ReflectionMemory
+    from pipeline.erl.prompts import memory_text, prompt_text
+    from pipeline.erl.trainer import ERLTrainer
+
+    row = get_task("arithmetic").generate(2, 1, seed=1)[0]
+    args = SimpleNamespace(enable_memory=True, memory_top_k=3, memory_scope="same_prompt")
+    memory = ReflectionMemory(5)
+    memory.add(prompt_text(row["prompt"]), "2 + 3 = 5.", step=0)
+    fake = SimpleNamespace(args=args, memory=memory)
+    assert ERLTrainer._memory_text(fake, prompt_text(row["prompt"])) == memory_text(["2 + 3 = 5."])
+    empty = SimpleNamespace(args=args, memory=ReflectionMemory(1))
+    assert ERLTrainer._memory_text(empty, "x") == memory_text([])
 
 
 def test_reflection_target_and_bad_style():
@@ -154,7 +176,7 @@ def test_sft_warmup_trains_on_the_given_rows(tiny_model_dir, erl_args, tmp_path)
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.warmup import sft_warmup
+    from pipeline.run.warmup import sft_warmup
 
     task, _, out = _rows("distance", n=16)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

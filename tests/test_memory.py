@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.memory import MEMORY_FILE, ReflectionMemory
+from pipeline.erl.memory import MEMORY_FILE, ReflectionMemory
 
 
 def test_fifo_drops_the_oldest():

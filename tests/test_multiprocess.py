@@ -189,7 +189,7 @@ def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_mod
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from curriculum.tasks import get_task
-    from pipeline.evaluation import evaluate_first_attempts
+    from pipeline.evaluate.first_attempts import evaluate_first_attempts
 
     out = tmp_path / "run"
     command = [
@@ -265,8 +265,35 @@ def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_mod
     assert state["stages"][0]["eval_reward"] == pytest.approx(evaluation.mean_reward)
 
 
+@pytest.mark.slow
+def test_auto_backend_on_a_gpu_machine_with_unsloth_runs_in_two_processes(tiny_model_dir, tmp_path):
+    """With CUDA reported and Unsloth installed, `backend: auto` (configs/tiny.yaml) is
+    Unsloth for one process; two processes resolve it to transformers once, and the loader
+    reads that choice instead of resolving `auto` again (which gave "backend 'transformers'
+    is already active ... cannot be switched to 'unsloth'")."""
+    import importlib.util
+
+    assert importlib.util.find_spec("unsloth") is not None
+    out = tmp_path / "run"
+    short = ["--max_level", "1", "--min_stage_steps", "2", "--max_stage_steps", "2"]
+    run_two(
+        "tests/multiprocess_gpu_run.py",
+        *RUN_ARGS,
+        *short,
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        str(out),
+        log=tmp_path / "log",
+    )
+    log = (tmp_path / "log").read_text()
+    assert "2 processes (MULTI_CPU" in log, log[-4000:]
+    assert json.loads((out / "run_config.json").read_text())["backend"] == "transformers"
+    assert json.loads((out / "curriculum_state.json").read_text())["finished"] is True
+
+
 def test_unsloth_backend_is_refused_under_several_processes():
-    from pipeline.distributed import backend_for_processes
+    from pipeline.run.distributed import backend_for_processes
 
     with pytest.raises(SystemExit, match="--backend transformers"):
         backend_for_processes("unsloth", 2)
@@ -276,7 +303,7 @@ def test_unsloth_backend_is_refused_under_several_processes():
 
 def test_processes_that_do_not_form_a_group_are_refused(erl_args, monkeypatch):
     """torchrun on CPU without use_cpu starts N lone processes: each would train alone."""
-    from pipeline.distributed import check_parallelism
+    from pipeline.run.distributed import check_parallelism
 
     args = erl_args()
     assert args.world_size == 1

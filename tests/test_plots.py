@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from pipeline.plots import (
+from pipeline.layout import PLOT_FILE
+from pipeline.run.plots import (
     BOUNDARY_GID,
     EVAL_GID,
-    PLOT_FILENAME,
     R1_KEY,
     R2_KEY,
     build_figure,
@@ -113,9 +113,7 @@ def test_plot_run_draws_the_run_and_every_stage(tmp_path):
 
     written = plot_run(tmp_path)
 
-    expected = [tmp_path / PLOT_FILENAME] + [
-        tmp_path / f"stage_{k}" / PLOT_FILENAME for k in (1, 2)
-    ]
+    expected = [tmp_path / PLOT_FILE] + [tmp_path / f"stage_{k}" / PLOT_FILE for k in (1, 2)]
     assert written == expected
     for path in expected:
         _assert_png(path)
@@ -128,13 +126,13 @@ def test_plot_run_draws_the_run_and_every_stage(tmp_path):
 def test_a_stage_is_drawn_with_its_eval_before_the_state_marks_it_finished(tmp_path):
     stages = [_stage(1, 1, 12, 0.75), _stage(2, 2, 0, None, status="running")]
     _write_run(tmp_path, stages, {1: _history(1, 12), 2: _history(13, 20)})
-    stage_one = (tmp_path / "stage_1" / PLOT_FILENAME).exists()
+    stage_one = (tmp_path / "stage_1" / PLOT_FILE).exists()
 
     written = plot_run(tmp_path, stages=[2], eval_rewards={2: 0.25}, run_curve=False)
 
-    assert written == [tmp_path / "stage_2" / PLOT_FILENAME]  # nothing else touched
-    assert (tmp_path / "stage_1" / PLOT_FILENAME).exists() == stage_one
-    assert not (tmp_path / PLOT_FILENAME).exists()
+    assert written == [tmp_path / "stage_2" / PLOT_FILE]  # nothing else touched
+    assert (tmp_path / "stage_1" / PLOT_FILE).exists() == stage_one
+    assert not (tmp_path / PLOT_FILE).exists()
     _assert_png(written[0])
     assert read_run(tmp_path, {2: 0.25}).evals[2] == (20, 0.25, "eval 0.25")
     assert 2 not in read_run(tmp_path).evals
@@ -167,13 +165,13 @@ def test_plot_run_never_raises_on_a_partial_run(tmp_path, state_text):
 
     written = plot_run(tmp_path)
 
-    assert [p.name for p in written] == [PLOT_FILENAME, PLOT_FILENAME]
+    assert [p.name for p in written] == [PLOT_FILE, PLOT_FILE]
     assert read_metrics(tmp_path / "stage_1" / "metrics.jsonl") == [json.loads(good)]
 
 
 def test_plot_run_on_an_empty_folder_draws_an_empty_run_plot(tmp_path):
-    assert plot_run(tmp_path) == [tmp_path / PLOT_FILENAME]
-    _assert_png(tmp_path / PLOT_FILENAME)
+    assert plot_run(tmp_path) == [tmp_path / PLOT_FILE]
+    _assert_png(tmp_path / PLOT_FILE)
 
 
 def test_nan_metrics_are_skipped_not_plotted():

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from curriculum.tasks import get_task
-from pipeline.backend import activate_backend
-from pipeline.run_config import parse_run_config
+from pipeline.models.backend import activate_backend
+from pipeline.run.config import parse_run_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline import ERLConfig
-from pipeline.erl_trainer import _retry_advantages
+from pipeline.erl.trainer import _retry_advantages
 
 
 def test_improvement_credits_retries_that_all_succeed():

@@ -1,6 +1,6 @@
 """A reward model trained on the tiny model end to end: it learns which sums are right.
 
-The three steps of the README on the offline tiny model: rate (correct, wrong and
+The three steps of docs/reward_models.md on the offline tiny model: rate (correct, wrong and
 malformed replies to level-1 additions), train (`python -m pipeline.reward_model`), and
 run the curriculum with the learned model as the only training signal.
 """
@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from curriculum.tasks import get_task
-from pipeline.reward_model import main, read_pairs, split_by_prompt
+from pipeline.reward_model.cli import main
+from pipeline.reward_model.pairs import read_pairs, split_by_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def sft(model, tokenizer, steps: int, learning_rate: float) -> None:
     """The run's own warm-up: SFT on level-1 reference solutions."""
-    from pipeline.warmup import sft_warmup
+    from pipeline.run.warmup import sft_warmup
 
     args = SimpleNamespace(
         report_to=[],
@@ -56,7 +57,7 @@ def sft(model, tokenizer, steps: int, learning_rate: float) -> None:
 @pytest.fixture(scope="module")
 def models(tiny_model_dir, tmp_path_factory) -> dict[str, str]:
     """The tiny model after the demo's SFT warm-up: the reward model's base and a policy."""
-    from pipeline.backend import activate_backend
+    from pipeline.models.backend import activate_backend
 
     activate_backend()  # before trl: the CPU stand-in for TRL's Triton kernel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -132,7 +133,7 @@ def reward_model(models) -> tuple[str, str, Path]:
 
 
 def test_a_reward_model_learns_to_prefer_correct_sums(reward_model):
-    from pipeline.learned_rewards import RewardModel
+    from pipeline.reward_model.signals import RewardModel
 
     folder, last_line, pairs = reward_model
     name, value = last_line.split(": ")
@@ -156,7 +157,7 @@ def test_a_reward_model_learns_to_prefer_correct_sums(reward_model):
 
 def test_the_curriculum_trains_on_the_learned_model_alone(models, reward_model, tmp_path):
     """Step 3, run: the recipe with the reward model as the only weighted signal."""
-    from pipeline.run import main as run_main
+    from pipeline.run.cli import main as run_main
 
     folder, _, _ = reward_model
     out = tmp_path / "run"
@@ -216,12 +217,12 @@ def run_learning_bench(out: Path, *options: str) -> dict[str, str]:
 
 
 def test_rl_on_the_learned_model_alone_raises_first_attempt_correctness(models, tmp_path):
-    """The README's three steps in the learning bench's setting: rate the warm policy's own
+    """The three steps of docs/reward_models.md in the learning bench's setting: rate the warm policy's own
     replies, train a reward model on those ratings plus the made-up pairs, then train the
     policy with that model as its only reward. Held-out success is the task's correctness,
     which the policy never hears: only a reward model that ranks right sums first can raise
-    it (shuffled, the same scores drove every seed to 0: README, Measured)."""
-    from pipeline.collect_ratings import main as collect_main
+    it (shuffled, the same scores drove every seed to 0: docs/results.md)."""
+    from pipeline.reward_model.collect import main as collect_main
 
     bench = tmp_path / "bench"
     warm = run_learning_bench(bench, "--warm_only")["warm_checkpoint"]
@@ -245,6 +246,6 @@ def test_rl_on_the_learned_model_alone_raises_first_attempt_correctness(models, 
     )  # fmt: skip
     start = float(figures["heldout_success_start"])
     assert start < 0.2  # the warm policy mostly fails level 1
-    # Measured over 5 seeds: every seed gained, by 0.062 to 0.234 (README, Measured).
+    # Measured over 5 seeds: every seed gained, by 0.062 to 0.234 (docs/results.md).
     assert float(figures["heldout_success_equal_steps_min[grpo]"]) > start
     assert float(figures["heldout_success_equal_steps[grpo]"]) >= start + 0.05

@@ -8,8 +8,9 @@ import json
 import pytest
 
 import rewards.pairwise
-from pipeline.learned_rewards import check_preference_function_specs, check_reward_model_specs
-from pipeline.reward_model import main, pairs_from_run, read_pairs, split_by_prompt
+from pipeline.reward_model.cli import main
+from pipeline.reward_model.pairs import pairs_from_run, read_pairs, split_by_prompt
+from pipeline.reward_model.signals import check_preference_function_specs, check_reward_model_specs
 from rewards.pairwise import load_preference_function, win_rates
 
 PROMPT = [{"role": "user", "content": "2+3"}]
@@ -177,7 +178,7 @@ def test_recipe_entries_are_checked_and_completed():
 
 
 def test_the_run_config_checks_the_new_options():
-    from pipeline.run_config import RunConfig
+    from pipeline.run.config import RunConfig
 
     run = RunConfig(reward_models='{"rm": {"path": "runs/rm", "weight": 0.5}}')
     run.validate()

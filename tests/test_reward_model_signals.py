@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pipeline.learned_rewards import (
+from pipeline.reward_model.signals import (
     INFO_FILE,
     RewardModel,
     add_learned_signals,
@@ -137,10 +137,11 @@ def test_a_human_feedback_function_judges_through_the_recipe(tmp_path, monkeypat
 
 
 def test_a_lora_reward_model_trains_saves_and_scores(tiny_model_dir, tmp_path):
-    from pipeline.backend import activate_backend
+    from pipeline.models.backend import activate_backend
 
     activate_backend()
-    from pipeline.reward_model import Pair, train_reward_model
+    from pipeline.reward_model.pairs import Pair
+    from pipeline.reward_model.train import train_reward_model
 
     pairs = [
         Pair([{"role": "user", "content": f"{a}+1"}], f"<answer>{a + 1}</answer>", "no")

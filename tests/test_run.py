@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.checkpoints import KILL_POINT_ENV
-from pipeline.plots import read_metrics
-from pipeline.run import main
+from pipeline.run.checkpoints import KILL_POINT_ENV
+from pipeline.run.cli import main
+from pipeline.run.plots import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_RECIPE = str(REPO / "configs" / "tiny.yaml")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import re
 
-from pipeline.run_config import verbose
-from pipeline.run_logging import (
+from pipeline.run.config import verbose
+from pipeline.run.console import (
     FALLBACK,
     GATED,
     R1,

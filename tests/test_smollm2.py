@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.smollm2 import STAMP, build_smollm2, check_chat_template
+from pipeline.models.smollm2 import STAMP, build_smollm2, check_chat_template
 
 CACHE = Path(__file__).resolve().parents[1] / ".cache" / "smollm2"
 

@@ -3,102 +3,30 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from curriculum.controller import CurriculumConfig, CurriculumController
-from curriculum.state import (
-    STATE_FILENAME,
-    CorruptStateError,
-    CurriculumState,
-    atomic_write_json,
-)
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
-
-
-# Atomic writes -------------------------------------------------------------------------
-
-
-def test_atomic_write_round_trips_and_leaves_no_temp_files(tmp_path):
-    path = tmp_path / "deep" / "state.json"
-    atomic_write_json(path, {"a": [1, 2.5, None], "b": "x"})
-    atomic_write_json(path, {"a": [3]})
-    assert json.loads(path.read_text()) == {"a": [3]}
-    assert leftovers(path.parent) == []
-
-
-class Explodes:
-    """Not JSON: serialisation fails when it reaches this, after earlier parts are out."""
-
-
-@pytest.mark.parametrize("bad", [Explodes(), float("nan")])
-def test_failed_serialisation_midway_keeps_the_old_file(tmp_path, bad):
-    path = tmp_path / STATE_FILENAME
-    atomic_write_json(path, {"version": "old"})
-    before = path.read_bytes()
-    # A long list first, so json.dump has written a lot before it reaches the bad value.
-    with pytest.raises((TypeError, ValueError)):
-        atomic_write_json(path, {"big": list(range(100_000)), "bad": bad})
-    assert path.read_bytes() == before
-    assert leftovers(tmp_path) == []
-
-
-WRITER = textwrap.dedent(
-    """
-    import sys
-    from curriculum.state import atomic_write_json
-    path, n = sys.argv[1], 0
-    while True:
-        n += 1
-        atomic_write_json(path, {"n": n, "payload": [n] * 200_000})
-    """
-)
-
-
-def test_a_killed_writer_leaves_a_complete_file(tmp_path):
-    """SIGKILL a process that rewrites a big state file in a loop: the file always parses."""
-    path = tmp_path / STATE_FILENAME
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for delay in (0.05, 0.13, 0.29):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], env=env)
-        deadline = time.monotonic() + 20
-        while not path.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(delay)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        data = json.loads(path.read_text())
-        assert data["payload"] == [data["n"]] * 200_000
-
+from curriculum.state import CorruptStateError, CurriculumState
+from pipeline.layout import STATE_FILE
 
 # The file contract -----------------------------------------------------------------
 
 
 def test_missing_file_gives_a_fresh_state_without_creating_it(tmp_path):
-    state = CurriculumState.load(tmp_path / STATE_FILENAME)
+    state = CurriculumState.load(tmp_path / STATE_FILE)
     assert (state.stages, state.current_stage, state.finished, state.controller) == (
         [],
         0,
         False,
         {},
     )
-    assert not (tmp_path / STATE_FILENAME).exists()
+    assert not (tmp_path / STATE_FILE).exists()
 
 
 def test_round_trip_and_required_keys(tmp_path):
-    path = tmp_path / STATE_FILENAME
+    path = tmp_path / STATE_FILE
     state = CurriculumState.load(path)
     state.start_stage(1, controller={"stage": 1})
     state.finish_stage(
@@ -131,7 +59,7 @@ def test_round_trip_and_required_keys(tmp_path):
 
 
 def test_demotion_is_recorded(tmp_path):
-    state = CurriculumState.load(tmp_path / STATE_FILENAME)
+    state = CurriculumState.load(tmp_path / STATE_FILE)
     state.start_stage(2)
     entry = state.finish_stage(1, "plateau", steps=5, r1_mean=0.1, controller={}, action="demote")
     assert entry.demoted
@@ -149,7 +77,7 @@ def test_demotion_is_recorded(tmp_path):
     ],
 )
 def test_corrupt_file_error_names_the_file(tmp_path, text):
-    path = tmp_path / STATE_FILENAME
+    path = tmp_path / STATE_FILE
     path.write_text(text)
     with pytest.raises(CorruptStateError, match=str(path)) as err:
         CurriculumState.load(path)
@@ -157,7 +85,7 @@ def test_corrupt_file_error_names_the_file(tmp_path, text):
 
 
 def test_misuse_is_reported(tmp_path):
-    state = CurriculumState.load(tmp_path / STATE_FILENAME)
+    state = CurriculumState.load(tmp_path / STATE_FILE)
     with pytest.raises(ValueError, match="never started"):
         state.finish_stage(1, "promoted", steps=1, r1_mean=1.0, controller={})
     state.start_stage(1)
@@ -217,10 +145,10 @@ def run_curriculum(path: Path, trained: list[tuple[int, int]], crash_at: int | N
 
 def test_resume_continues_the_running_stage_and_never_retrains_a_finished_one(tmp_path):
     uninterrupted: list[tuple[int, int]] = []
-    expected = run_curriculum(tmp_path / "a" / STATE_FILENAME, uninterrupted)
+    expected = run_curriculum(tmp_path / "a" / STATE_FILE, uninterrupted)
     assert expected.finished and len(expected.stages) >= 3
     for crash_at in range(1, len(uninterrupted) + 1):
-        path = tmp_path / f"crash{crash_at}" / STATE_FILENAME
+        path = tmp_path / f"crash{crash_at}" / STATE_FILE
         trained: list[tuple[int, int]] = []
         with pytest.raises(Crash):
             run_curriculum(path, trained, crash_at)

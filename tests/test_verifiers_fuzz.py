@@ -251,7 +251,7 @@ def test_extreme_completions_are_scored_not_raised(family, completion, dataset_f
 
 def test_evaluation_scores_the_issue_8_crashes_without_a_verifier_failure():
     """`pipeline.evaluate`'s scoring path: once a verifier raised, now nothing fails."""
-    from pipeline.evaluation import score_completions
+    from pipeline.evaluate.first_attempts import score_completions
 
     for name in ("arithmetic", "schedule"):
         task = get_task(name)

@@ -9,17 +9,16 @@ Usage:
 `--model` takes a full model folder, a PEFT adapter folder, a run's stage folder (its
 latest checkpoint-N) or a hub id. Prints `mean_reward: ...` and `success_rate: ...`, one
 line each; `--json` also writes the result (summary and a few samples) to a file.
-Prompts are held out from training: see `pipeline.evaluation.held_out_seed`.
+Prompts are held out from training: see `pipeline.evaluate.first_attempts.held_out_seed`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
-from pipeline.backend import BACKENDS, activate_backend
+from pipeline.models.backend import BACKENDS, activate_backend
 
 
 def _positive_int(text: str) -> int:
@@ -142,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- backend first: Unsloth must be imported before transformers/peft/trl
     activate_backend(args.backend)
-    from pipeline.evaluation import evaluate_first_attempts, load_for_evaluation
+    from pipeline.evaluate.first_attempts import evaluate_first_attempts, load_for_evaluation
 
     try:
         model, tokenizer = load_for_evaluation(args.model)
@@ -168,11 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mean_reward: {result.mean_reward:.4f}")
     print(f"success_rate: {result.success_rate:.4f}")
     if args.json:
-        from curriculum.state import atomic_write_json
+        from curriculum.atomic import atomic_write_json
 
         atomic_write_json(args.json, {"model": args.model, "weights": weights, **result.to_dict()})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

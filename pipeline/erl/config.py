@@ -8,30 +8,25 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.backend import activate_backend
-from pipeline.memory import MEMORY_SCOPES
+from pipeline.erl.memory import MEMORY_SCOPES
+from pipeline.erl.prompts import (
+    DEFAULT_REFLECTION_PROMPT,
+    DEFAULT_RETRY_PROMPT,
+    REFLECTION_PLACEHOLDERS,
+    RETRY_PLACEHOLDERS,
+)
+from pipeline.models.backend import activate_backend
 
 activate_backend()  # before trl: on a GPU, Unsloth rebinds trl.GRPOConfig / trl.GRPOTrainer
 
 from trl import GRPOConfig  # noqa: E402
 
-DEFAULT_REFLECTION_PROMPT = (
-    "You tried to solve this task:\n{prompt}\n\n"
-    "Your attempt:\n{attempt}\n\n"
-    "Feedback: {feedback}\nReward: {reward:.2f}\n\n"
-    "Lessons from similar tasks:\n{memory}\n\n"
-    "In one or two sentences, say what went wrong and how to fix it. Do not give the final answer."
-)
-DEFAULT_RETRY_PROMPT = "{prompt}\n\nAdvice from a previous attempt: {reflection}"
-
-REFLECTION_PLACEHOLDERS = ("prompt", "attempt", "feedback", "reward", "memory")
 RETRY_ADVANTAGES = ("group", "improvement")
 LOSS_NORMALIZATIONS = ("merged", "per_part")
 # Losses whose normaliser is the global token count and that are linear in the advantage
 # (positive scaling commutes with DAPO's clipping), so scaling a part's advantages by
 # (merged tokens / part tokens) is exactly normalising that part over its own tokens.
 PER_PART_LOSSES = ("dapo", "cispo")
-RETRY_PLACEHOLDERS = ("prompt", "reflection")
 
 
 def template_fields(template: str) -> set[str]:
@@ -52,7 +47,7 @@ def reaches_threshold(reward: float, threshold: float) -> bool:
 
 @dataclass(init=False)
 class ERLConfig(GRPOConfig):
-    """GRPOConfig plus the Experiential RL settings (see the README's "The ERL step").
+    """GRPOConfig plus the Experiential RL settings (see docs/erl.md, "The ERL step").
 
     The base config's own `__init__` builds everything but ERL's fields, so ERLConfig holds
     exactly what `GRPOConfig(...)` would for the same options: with Unsloth's trainer, that
@@ -126,7 +121,7 @@ class ERLConfig(GRPOConfig):
             "stays a mean over all trained tokens."
         },
     )
-    # Default measured (README, "Does ERL learn faster than GRPO?"): other problems'
+    # Default measured (docs/log.md, "memory_scope and loss_normalization"): other problems'
     # lessons were copied into reflections and cut retry success from ~0.20 to ~0.07.
     memory_scope: str = field(
         default="same_prompt",

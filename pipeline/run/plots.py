@@ -16,27 +16,24 @@ on matplotlib's Agg canvas (no display, no pyplot global state) and written atom
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
 import os
-import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from curriculum.atomic import atomic_write_bytes
+from pipeline.layout import METRICS_FILE, RunLayout
+
 logger = logging.getLogger(__name__)
 
 R1_KEY, R2_KEY = "erl/r1_mean", "erl/r2_mean"
-PLOT_FILENAME = "reward_curve.png"
-METRICS_FILENAME = "metrics.jsonl"
-STATE_FILENAME = "curriculum_state.json"
 BOUNDARY_GID, EVAL_GID = "stage_boundary", "eval_reward"
 """Artist ids of the stage lines and eval markers, so tests and tools can find them."""
-
-_STAGE_DIR = re.compile(r"stage_(\d+)")
 
 Boundary = tuple[float, str]
 EvalPoint = tuple[float, float, str]
@@ -141,18 +138,10 @@ def build_figure(
 
 
 def save_figure(fig, path: str | os.PathLike[str]) -> Path:
-    """Write `fig` as PNG to `path` atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    return path
+    """Write `fig` as PNG to `path` atomically."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return atomic_write_bytes(path, buffer.getvalue())
 
 
 def plot_reward_curves(
@@ -195,9 +184,9 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
-def _read_stages(output_dir: Path) -> dict[int, dict[str, Any]]:
+def _read_stages(layout: RunLayout) -> dict[int, dict[str, Any]]:
     """Stage number -> its entry in curriculum_state.json ({} when missing or unreadable)."""
-    path = output_dir / STATE_FILENAME
+    path = layout.state
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         return {int(entry["stage"]): entry for entry in raw["stages"] if isinstance(entry, dict)}
@@ -206,15 +195,6 @@ def _read_stages(output_dir: Path) -> dict[int, dict[str, Any]]:
     except (ValueError, KeyError, TypeError) as err:
         logger.warning("cannot read %s (%s); plotting the metrics alone", path, err)
         return {}
-
-
-def _stage_dirs(output_dir: Path) -> dict[int, Path]:
-    found = {}
-    for path in output_dir.glob("stage_*"):
-        match = _STAGE_DIR.fullmatch(path.name)
-        if match and path.is_dir():
-            found[int(match.group(1))] = path
-    return found
 
 
 @dataclass
@@ -237,11 +217,11 @@ def read_run(
 ) -> RunCurves:
     """Read the state file and the stages' metrics; whatever is missing is left out.
     `eval_rewards` (stage -> value) adds eval rewards the state file does not hold yet."""
-    output_dir = Path(output_dir)
-    entries, folders = _read_stages(output_dir), _stage_dirs(output_dir)
+    layout = RunLayout(output_dir)
+    entries, folders = _read_stages(layout), layout.stages()
     for k, value in (eval_rewards or {}).items():
         entries[k] = {**entries.get(k, {}), "eval_reward": value}
-    metrics = {k: read_metrics(folder / METRICS_FILENAME) for k, folder in folders.items()}
+    metrics = {k: read_metrics(folder / METRICS_FILE) for k, folder in folders.items()}
     curves = RunCurves(folders, metrics)
     # Stage k starts where stage k-1 ended (run-global steps) and ends at its last logged
     # step, or, without metrics, after the steps the state file counts for it.
@@ -277,18 +257,18 @@ def plot_run(
     files stay untouched); returns the paths written. `eval_rewards`: stage -> eval reward
     not yet in the state file (a stage is drawn before the state marks it finished).
     Never raises on a partial run (missing state or metrics)."""
-    output_dir = Path(output_dir)
-    curves = read_run(output_dir, eval_rewards)
+    layout = RunLayout(output_dir)
+    curves = read_run(layout.root, eval_rewards)
     history = [record for k in sorted(curves.metrics) for record in curves.metrics[k]]
     written = []
     if run_curve:
         written.append(
             plot_reward_curves(
                 history,
-                output_dir / PLOT_FILENAME,
+                layout.plot,
                 stage_boundaries=curves.boundaries,
                 eval_rewards=[curves.evals[k] for k in sorted(curves.evals)],
-                title=f"ERL reward curves: {output_dir.resolve().name}",
+                title=f"ERL reward curves: {layout.root.resolve().name}",
             )
         )
     for k, records in sorted(curves.metrics.items()):
@@ -298,7 +278,7 @@ def plot_run(
         written.append(
             plot_reward_curves(
                 records,
-                curves.folders[k] / PLOT_FILENAME,
+                layout.stage_plot(k),
                 eval_rewards=[curves.evals[k]] if k in curves.evals else [],
                 title=f"stage {k}" + (f" (level {level})" if level is not None else ""),
             )

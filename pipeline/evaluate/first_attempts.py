@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from curriculum.tasks.base import Row, Task
-from pipeline.backend import activate_backend
+from pipeline.erl.prompts import prompt_text
+from pipeline.layout import CHECKPOINTS_DIR
+from pipeline.models.backend import activate_backend
 from rewards import Scorer, build_reward_funcs
 
 logger = logging.getLogger(__name__)
@@ -106,7 +108,7 @@ def score_completions(
     levels = {row["level"] for row in rows}
     samples = [
         {
-            "prompt": _prompt_text(rows[i].get("prompt")),
+            "prompt": prompt_text(rows[i]["prompt"]),
             "completion": texts[i],
             "answer": rows[i]["answer"],
             "reward": rewards[i],
@@ -126,15 +128,6 @@ def score_completions(
         rewards=rewards,
         samples=samples,
     )
-
-
-def _prompt_text(prompt: Any) -> str:
-    """The last user message of a conversational prompt (the problem), for the samples."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt:
-        return str(prompt[-1].get("content", ""))
-    return ""
 
 
 # Generation ------------------------------------------------------------------------
@@ -267,18 +260,21 @@ def resolve_checkpoint(path_or_id: str) -> str:
     """The model folder `path_or_id` stands for: itself when it holds a model or an adapter,
     else its latest trainer checkpoint (`checkpoint-N` in it or in its `checkpoints/`, as in
     an interrupted stage); hub ids come back unchanged."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
     path = Path(path_or_id)
     if not path.is_dir():
         return path_or_id
     if _holds_model(path):
         return str(path)
+    prefix = f"{PREFIX_CHECKPOINT_DIR}-"
     checkpoints = [
         p
-        for p in [*path.glob("checkpoint-*"), *path.glob("checkpoints/checkpoint-*")]
-        if p.name.removeprefix("checkpoint-").isdigit() and _holds_model(p)
+        for p in [*path.glob(f"{prefix}*"), *(path / CHECKPOINTS_DIR).glob(f"{prefix}*")]
+        if p.name.removeprefix(prefix).isdigit() and _holds_model(p)
     ]
     if checkpoints:
-        return str(max(checkpoints, key=lambda p: int(p.name.removeprefix("checkpoint-"))))
+        return str(max(checkpoints, key=lambda p: int(p.name.removeprefix(prefix))))
     raise ValueError(
         f"{path_or_id} holds no model: expected config.json (full model), adapter_config.json "
         "(PEFT adapter) or checkpoint-N subfolders (also under checkpoints/) holding one"

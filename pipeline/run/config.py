@@ -20,10 +20,14 @@ from typing import Any
 
 import yaml
 
+from curriculum.atomic import atomic_write_json
 from curriculum.controller import CurriculumConfig
-from pipeline.model_loading import ModelConfig
+from pipeline.layout import RunLayout
+from pipeline.models.backend import BACKEND_ENV, activate_backend, resolve_backend
+from pipeline.models.loading import ModelConfig
+from pipeline.run.distributed import backend_for_processes, launched_processes
 
-DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
 @dataclass
@@ -50,7 +54,7 @@ class RunConfig:
         default_factory=dict,
         metadata={
             "help": "Learned reward models beside reward_signals: name -> {path, weight, objectives, "
-            "pairwise}; see pipeline/learned_rewards.py and `python -m pipeline.reward_model`."
+            "pairwise}; see pipeline/reward_model/signals.py and `python -m pipeline.reward_model`."
         },
     )
     preference_functions: str = field(  # a mapping from YAML, a JSON string from the command line
@@ -112,7 +116,7 @@ class RunConfig:
         """Parse mapping options given as JSON and reject bad values, naming them."""
         self.task_config = _mapping("task_config", self.task_config)
         self.reward_signals = _mapping("reward_signals", self.reward_signals)
-        from pipeline.learned_rewards import (
+        from pipeline.reward_model.signals import (
             check_preference_function_specs,
             check_reward_model_specs,
         )
@@ -160,10 +164,17 @@ def _peek(argv: list[str], name: str) -> str | None:
     return None
 
 
-def peek_backend(argv: list[str]) -> str:
-    """The `backend` option from the command line or the recipe, read before trl is imported
-    (the backend decides how trl is imported)."""
-    return _peek(argv, "backend") or os.environ.get("ERL_BACKEND", "auto")
+def choose_backend(argv: list[str]) -> str:
+    """Resolve the run's backend once and activate it; returns "unsloth" or "transformers".
+
+    Read from the command line, else the recipe, else `ERL_BACKEND` (default auto), before
+    trl is imported (the backend decides how trl is imported). Several processes turn
+    `auto` into transformers and refuse `unsloth` (Unsloth's GRPO trainer is single-GPU).
+    The run writes the result into `ModelConfig.backend`, which every later reader (the
+    policy loader, run_config.json) takes.
+    """
+    requested = _peek(with_default_recipe(argv), "backend") or os.environ.get(BACKEND_ENV, "auto")
+    return activate_backend(resolve_backend(backend_for_processes(requested, launched_processes())))
 
 
 # transformers' `log_level` values that bring back the per-step metric dictionaries.
@@ -182,8 +193,6 @@ def peek_log_level(argv: list[str]) -> str:
 
 
 # ---- The configuration a run started with ---------------------------------------------
-
-CONFIG_FILENAME = "run_config.json"
 
 # Options a resume may change: where and how much the run logs, checkpoint frequency,
 # exports, and the stage step budget. Anything else would make the resumed stages train
@@ -240,9 +249,7 @@ def record_or_check_config(
     """Save `config` as the run's run_config.json (when `write`: the main process), or, on a
     resume, refuse it if an option outside RESUME_SAFE_OPTIONS differs from the one the run
     started with."""
-    from curriculum.state import atomic_write_json
-
-    path = output_dir / CONFIG_FILENAME
+    path = RunLayout(output_dir).run_config
     if resume and path.exists():
         started = json.loads(path.read_text())
         differing = sorted(
@@ -263,19 +270,25 @@ def record_or_check_config(
         atomic_write_json(path, config)
 
 
-def parse_run_config(argv: list[str]):
-    """(RunConfig, ModelConfig, CurriculumConfig, ERLConfig) from a recipe and overrides.
-
-    Call after `activate_backend`: this imports trl. A plain `python -m pipeline.run` uses
-    configs/tiny.yaml.
-    """
-    from trl import TrlParser
-
-    from pipeline.erl_config import ERLConfig
-
+def with_default_recipe(argv: list[str]) -> list[str]:
+    """`argv` with `--config configs/tiny.yaml` in front when it names no recipe (a plain
+    `python -m pipeline.run` is the offline demo)."""
     argv = list(argv)
     if "--config" not in argv and not any(a in ("-h", "--help") for a in argv):
         argv = ["--config", str(DEFAULT_RECIPE), *argv]
+    return argv
+
+
+def parse_run_config(argv: list[str]):
+    """(RunConfig, ModelConfig, CurriculumConfig, ERLConfig) from a recipe and overrides.
+
+    Call after `activate_backend` (or `choose_backend`): this imports trl.
+    """
+    argv = with_default_recipe(argv)
+    from trl import TrlParser
+
+    from pipeline.erl.config import ERLConfig
+
     parser = TrlParser((RunConfig, ModelConfig, CurriculumConfig, ERLConfig))
     *configs, from_recipe, from_command_line = parser.parse_args_and_config(
         argv, return_remaining_strings=True, separate_remaining_strings=True
@@ -295,6 +308,11 @@ def parse_run_config(argv: list[str]):
     if args.max_steps not in (-1, None):
         raise ValueError(
             "max_steps is set per stage by the curriculum: use max_stage_steps instead"
+        )
+    if args.reward_weights is not None:
+        raise ValueError(
+            "reward_weights is set by the run from reward_signals (and reward_models, "
+            "preference_functions): give the weights there"
         )
     if args.save_total_limit == 1:
         # The newest checkpoint is marked complete only after the trainer deleted the one

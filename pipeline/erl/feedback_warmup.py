@@ -18,7 +18,7 @@ Two feedback kinds (`style`), both produced by the real feedback function:
 - `"reveal"`: the task's `reveal_answer` feedback ("... The correct answer is 8."); the
   reflection restates it ("The answer is 8.").
 
-`sft_warmup(..., dataset=Dataset.from_list(feedback_rows(...)))` (pipeline/warmup.py)
+`sft_warmup(..., dataset=Dataset.from_list(feedback_rows(...)))` (pipeline/run/warmup.py)
 trains on them.
 """
 
@@ -29,43 +29,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from curriculum.tasks.base import Row, Task
-from pipeline.memory import MEMORY_SCOPES
+from pipeline.erl.memory import MEMORY_SCOPES
+from pipeline.erl.prompts import memory_text, reflection_prompt, retry_prompt
 
 STYLES = ("distance", "reveal")
-
-# The memory line when nothing is retrieved, as ERLTrainer writes it.
-NO_MEMORY = "(none yet)"
-
-
-def prompt_text(prompt: Any) -> str:
-    """A prompt as the templates see it: the non-assistant turns joined by newlines."""
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(str(m["content"]) for m in prompt if m.get("role") != "assistant")
-
-
-def memory_text(lessons: Sequence[str]) -> str:
-    """The `{memory}` value for `lessons`, as ERLTrainer writes it."""
-    return "\n".join(f"- {lesson}" for lesson in lessons) if lessons else NO_MEMORY
-
-
-def reflection_prompt(
-    prompt: Any, attempt: str, feedback: str, reward: float, memory: str, template: str
-) -> list[dict[str, str]]:
-    """The reflection prompt ERLTrainer builds for a gated conversational row."""
-    text = template.format(
-        prompt=prompt_text(prompt), attempt=attempt, feedback=feedback, reward=reward, memory=memory
-    )
-    return [{"role": "user", "content": text}]
-
-
-def retry_prompt(prompt: list[dict[str, str]], reflection: str, template: str) -> list[dict]:
-    """The retry prompt ERLTrainer builds: the last turn rewritten, the system turn kept."""
-    *context, last = prompt
-    return [
-        *context,
-        {**last, "content": template.format(prompt=last["content"], reflection=reflection)},
-    ]
 
 
 def reflection_target(attempt: int, answer: int, style: str) -> str:
@@ -137,18 +104,18 @@ def feedback_rows(
             {
                 "prompt": reflection_prompt(
                     row["prompt"],
-                    completions[i][0]["content"],
-                    feedback[i],
-                    float(rewards[i]),
-                    memory_text(lessons),
                     reflection_template,
+                    attempt=completions[i][0]["content"],
+                    feedback=feedback[i],
+                    reward=float(rewards[i]),
+                    memory=memory_text(lessons),
                 ),
                 "completion": [{"role": "assistant", "content": reflections[i]}],
             }
         )
         out.append(
             {
-                "prompt": retry_prompt(row["prompt"], reflections[i], retry_template),
+                "prompt": retry_prompt(row["prompt"], retry_template, reflections[i]),
                 "completion": [{"role": "assistant", "content": task.reference(row)}],
             }
         )

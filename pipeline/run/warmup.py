@@ -14,13 +14,9 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from curriculum.tasks import Task
-from pipeline.run_config import verbose
-from pipeline.run_logging import (
-    TENSORBOARD_DIR,
-    RunProgress,
-    show_progress,
-    warmup_postfix,
-)
+from pipeline.layout import TENSORBOARD_DIR
+from pipeline.run.config import verbose
+from pipeline.run.console import RunProgress, show_progress, warmup_postfix
 
 
 def reference_dataset(task: Task, level: int, n: int, seed: int) -> Dataset:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.backend import activate_backend
+from pipeline.models.backend import activate_backend
 
 # Unsloth names projections explicitly; "all-linear" is PEFT's spelling of the same set.
 LLAMA_LIKE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -56,7 +56,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
-        from pipeline.backend import BACKENDS
+        from pipeline.models.backend import BACKENDS
 
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")

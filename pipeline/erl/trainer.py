@@ -19,7 +19,7 @@ Per generation batch, after GRPO has generated and scored the first attempts y1:
 
 Everything happens in `_generate_and_score_completions`, so TRL's buffering, splitting
 into `steps_per_generation` chunks, loss types and logging apply to the merged batch
-unchanged. `pipeline.erl_batch` puts the new rows into the base trainer's layout, and
+unchanged. `pipeline.erl.batch` puts the new rows into the base trainer's layout, and
 `compute_loss` trains a merged chunk in micro-batches of at most
 `per_device_train_batch_size` rows and GRPO's tokens per forward, and reflections and
 retries are generated in calls of at most GRPO's tokens, so that an all-gated step peaks
@@ -40,17 +40,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pipeline.backend import activate_backend, check_trainer_base, unsloth_trainer_active
+from pipeline.models.backend import activate_backend, check_trainer_base, unsloth_trainer_active
 
 activate_backend()  # before trl: on a GPU, Unsloth rebinds trl.GRPOTrainer
 
 import torch  # noqa: E402
 from accelerate.utils import gather_object  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
-from trl.data_utils import is_conversational  # noqa: E402
 from trl.trainer.utils import use_adapter  # noqa: E402
 
-from pipeline.erl_batch import (  # noqa: E402
+from pipeline.erl.batch import (  # noqa: E402
     INERT_KEY,
     PART_INTERNALIZATION,
     PART_RETRY,
@@ -70,9 +69,16 @@ from pipeline.erl_batch import (  # noqa: E402
     select_rows,
     split_plan,
 )
-from pipeline.erl_config import ERLConfig, reaches_threshold  # noqa: E402
-from pipeline.memory import ReflectionMemory  # noqa: E402
-from pipeline.model_loading import add_mode_switches  # noqa: E402
+from pipeline.erl.config import ERLConfig, reaches_threshold  # noqa: E402
+from pipeline.erl.memory import ReflectionMemory  # noqa: E402
+from pipeline.erl.prompts import (  # noqa: E402
+    as_completion,
+    memory_text,
+    prompt_text,
+    reflection_prompt,
+    retry_prompt,
+)
+from pipeline.models.loading import add_mode_switches  # noqa: E402
 from rewards import completion_text  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
@@ -125,7 +131,7 @@ class ERLTrainer(GRPOTrainer):
             if isinstance(model, str):
                 raise TypeError(
                     "Unsloth's GRPOTrainer needs a loaded model, not a path: load it with "
-                    "pipeline.model_loading.load_policy or unsloth.FastLanguageModel"
+                    "pipeline.models.loading.load_policy or unsloth.FastLanguageModel"
                 )
             enabled = [
                 name
@@ -244,17 +250,15 @@ class ERLTrainer(GRPOTrainer):
             g_rows, g_prompts, [completions[i] for i in idx], [completion_ids[i] for i in idx]
         )
 
-        prompt_texts = [_prompt_text(p) for p in g_prompts]
+        prompt_texts = [prompt_text(p) for p in g_prompts]
         reflection_prompts = [
-            self._as_prompt(
+            reflection_prompt(
                 g_prompts[j],
-                self.args.reflection_system_prompt.format(
-                    prompt=prompt_texts[j],
-                    attempt=completion_text(completions[i]),
-                    feedback=feedback[j],
-                    reward=g_r1[j].item(),
-                    memory=self._memory_text(prompt_texts[j]),
-                ),
+                self.args.reflection_system_prompt,
+                attempt=completion_text(completions[i]),
+                feedback=feedback[j],
+                reward=g_r1[j].item(),
+                memory=self._memory_text(prompt_texts[j]),
             )
             for j, i in enumerate(idx)
         ]
@@ -266,14 +270,15 @@ class ERLTrainer(GRPOTrainer):
         )
 
         retry_prompts = [
-            self._retry_prompt(g_prompts[j], reflections[j].strip()) for j in range(len(idx))
+            retry_prompt(g_prompts[j], self.args.retry_system_prompt, reflections[j].strip())
+            for j in range(len(idx))
         ]
         retry_prompt_ids, retry_ids, retry_texts, retry_logps = self._generate_rows(
             retry_prompts, self.args.max_completion_length, generation_budget
         )
 
         # r2: the reward functions score y2 against the original row (answer/metadata columns).
-        retries = [_as_completion(g_prompts[j], retry_texts[j]) for j in range(len(idx))]
+        retries = [as_completion(g_prompts[j], retry_texts[j]) for j in range(len(idx))]
         # `attempt` tells reward functions (and their logs) that these are retries.
         retry_rows = [{**row, "attempt": 2} for row in g_rows]
         r2 = self._weighted_reward(
@@ -413,13 +418,13 @@ class ERLTrainer(GRPOTrainer):
             raise ValueError(f"feedback_func '{name}' must return strings, got {bad[0]}")
         return list(feedback)
 
-    def _memory_text(self, prompt_text: str) -> str:
-        lessons = (
-            self.memory.retrieve(prompt_text, self.args.memory_top_k, self.args.memory_scope)
-            if self.args.enable_memory
-            else []
+    def _memory_text(self, text: str) -> str:
+        """The `{memory}` of a reflection prompt: the stored reflections `memory_scope` picks."""
+        if not self.args.enable_memory:
+            return memory_text([])
+        return memory_text(
+            self.memory.retrieve(text, self.args.memory_top_k, self.args.memory_scope)
         )
-        return "\n".join(f"- {lesson}" for lesson in lessons) if lessons else "(none yet)"
 
     def _remember(self, successes: list[tuple[str, str]]) -> None:
         """Add successful reflections; every process adds the same ones in the same order."""
@@ -427,8 +432,8 @@ class ERLTrainer(GRPOTrainer):
             return
         if self.accelerator.num_processes > 1:
             successes = gather_object(successes)
-        for prompt_text, reflection in successes:
-            self.memory.add(prompt_text, reflection, step=self.state.global_step)
+        for text, reflection in successes:
+            self.memory.add(text, reflection, step=self.state.global_step)
 
     def _log_experience(self, r2, valid, success, num_internalized, new_rows: NewRows) -> None:
         metrics = self._metrics["train"]
@@ -538,25 +543,6 @@ class ERLTrainer(GRPOTrainer):
             else:
                 self.generation_config.max_new_tokens = saved
                 self.generation_kwargs["max_new_tokens"] = saved
-
-    @staticmethod
-    def _as_prompt(original, text: str):
-        """A prompt in the dataset's format: one user message, or plain text."""
-        return (
-            [{"role": "user", "content": text}] if is_conversational({"prompt": original}) else text
-        )
-
-    def _retry_prompt(self, original, reflection: str):
-        """The original prompt with its last turn rewritten by the retry template: a
-        conversation keeps its system message, so the retry asks the task as before."""
-        template = self.args.retry_system_prompt
-        if not is_conversational({"prompt": original}):
-            return template.format(prompt=original, reflection=reflection)
-        *context, last = original
-        return [
-            *context,
-            {**last, "content": template.format(prompt=last["content"], reflection=reflection)},
-        ]
 
     # Training on the merged batch ------------------------------------------------------
 
@@ -705,17 +691,3 @@ def _retry_advantages(
         for j, a in zip(rows, centred.tolist()):
             advantages[j] = a
     return advantages
-
-
-def _prompt_text(prompt) -> str:
-    """A prompt as plain text for the templates (conversational: the non-assistant turns)."""
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(str(m["content"]) for m in prompt if m.get("role") != "assistant")
-
-
-def _as_completion(prompt, text: str):
-    """A completion in the format the reward functions get for this dataset."""
-    return (
-        [{"role": "assistant", "content": text}] if is_conversational({"prompt": prompt}) else text
-    )

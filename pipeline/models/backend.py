@@ -3,7 +3,7 @@
 `import unsloth` must come before trl/transformers/peft: on a GPU it rewrites TRL's
 trainers and rebinds `trl.GRPOTrainer` to its own class. So the backend is chosen once
 per process, before anything imports trl, by `activate_backend()`; the modules that
-subclass TRL classes (`pipeline.erl_config`, `pipeline.erl_trainer`) call it at import.
+subclass TRL classes (`pipeline.erl.config`, `pipeline.erl.trainer`) call it at import.
 
 Choose with `activate_backend("unsloth" | "transformers" | "auto")` before importing
 `ERLConfig`/`ERLTrainer`, or with the environment variable `ERL_BACKEND`. `auto` takes
@@ -60,7 +60,7 @@ def activate_backend(name: str | None = None) -> str:
             _patch_unsloth_trainer_on_cpu()
         else:
             import unsloth  # noqa: F401  (must precede trl: on a GPU it rebinds trl.GRPOTrainer)
-    from pipeline.cpu_logprob import install_cpu_logprob_fallback
+    from pipeline.models.cpu_logprob import install_cpu_logprob_fallback
 
     install_cpu_logprob_fallback()
     _active = resolved
@@ -88,7 +88,7 @@ def _patch_unsloth_trainer_on_cpu() -> None:
     (`unsloth_compiled_cache/UnslothGRPOTrainer.py`, ~30 s), as it does by itself on a GPU."""
     os.environ["UNSLOTH_ALLOW_CPU"] = "1"
     # Unsloth's shared-prompt shortcut scores the current policy differently from the scorer
-    # that produced the old/reference log-probs (README, "Backends"): off unless set.
+    # that produced the old/reference log-probs (docs/hardware.md, "Unsloth's trainer on a CPU"): off unless set.
     os.environ.setdefault("UNSLOTH_GRPO_PREFIX_GROUPER", "0")
     # torch.compile of Unsloth's loss regions costs minutes per shape and loss type on a CPU
     # and computes the same; kernels are a GPU matter. Eager unless set.

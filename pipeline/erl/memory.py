@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from curriculum.state import atomic_write_json
+from curriculum.atomic import atomic_write_json
 
 MEMORY_FILE = "erl_memory.json"
 MEMORY_SCOPES = ("similar", "same_prompt")  # what `retrieve` (and ERLConfig.memory_scope) take
@@ -61,7 +61,7 @@ class ReflectionMemory:
     def retrieve(self, prompt: str, k: int, scope: str = "similar") -> list[str]:
         """The `k` reflections most relevant to `prompt` (Jaccard word overlap; recency breaks
         ties). `scope="same_prompt"`: only reflections written for this exact prompt, newest
-        first (a lesson for another problem can mislead: measured in the README)."""
+        first (a lesson for another problem can mislead: measured: docs/log.md)."""
         if scope not in MEMORY_SCOPES:
             raise ValueError(f"scope must be 'similar' or 'same_prompt', got {scope!r}")
         if k <= 0 or not self._entries:

@@ -13,16 +13,17 @@ from pathlib import Path
 
 from datasets import Dataset
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from curriculum.atomic import atomic_write_json, atomic_write_text
 from curriculum.controller import CurriculumController
-from curriculum.state import atomic_write_json
 from curriculum.tasks import Task
-from pipeline.checkpoints import CONTROLLER_FILE, kill_point
-from pipeline.distributed import all_processes, is_main_process, wait_for_everyone
-from pipeline.plots import read_metrics
+from pipeline.layout import CONTROLLER_FILE, RunLayout
+from pipeline.run.checkpoints import kill_point
+from pipeline.run.distributed import all_processes, is_main_process, wait_for_everyone
+from pipeline.run.plots import read_metrics
 
-METRICS_FILE = "metrics.jsonl"
-logger = logging.getLogger("pipeline.run")
+logger = logging.getLogger(__name__)
 
 
 def stage_dataset(task: Task, controller: CurriculumController, n: int, seed: int) -> Dataset:
@@ -39,11 +40,13 @@ def stage_seed(base_seed: int, stage: int) -> int:
     return base_seed + 10_000 * stage
 
 
-def stage_args(args, output_dir: Path, max_steps: int):
-    """The run's ERLConfig for one stage: its own checkpoint folder and step budget."""
+def stage_args(args, output_dir: Path, max_steps: int, reward_weights: list[float]):
+    """The run's ERLConfig for one stage: its own checkpoint folder, step budget and the
+    run's reward weights."""
     stage = copy.deepcopy(args)
     stage.output_dir = str(output_dir)
     stage.max_steps = max_steps
+    stage.reward_weights = list(reward_weights)
     return stage
 
 
@@ -53,12 +56,12 @@ class CurriculumCallback(TrainerCallback):
     stores the controller state inside every trainer checkpoint."""
 
     def __init__(
-        self, trainer, controller: CurriculumController, stage_dir: Path, step_offset: int
+        self, trainer, controller: CurriculumController, metrics_path: Path, step_offset: int
     ) -> None:
         self.trainer = trainer
         self.controller = controller
         self.stage = controller.stage
-        self.metrics_path = stage_dir / METRICS_FILE
+        self.metrics_path = metrics_path
         self.step_offset = step_offset
         # r2 of the steps logged before a resume count too (truncate_metrics ran first).
         self.r2_values: list[float] = [
@@ -102,7 +105,7 @@ class CurriculumCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         # The controller file marks a checkpoint complete: every process (its RNG state) first.
         wait_for_everyone()
-        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         if checkpoint.exists() and state.is_world_process_zero:
             atomic_write_json(checkpoint / CONTROLLER_FILE, self.controller.state_dict())
             kill_point("checkpoint", self.stage)
@@ -112,18 +115,15 @@ class CurriculumCallback(TrainerCallback):
         return sum(values) / len(values) if values else None
 
 
-def truncate_metrics(stage_dir: Path, last_stage_step: int) -> None:
-    """Drop metric lines logged after the checkpoint a resume continues from (and a line
-    torn by a kill)."""
-    path = stage_dir / METRICS_FILE
+def truncate_metrics(path: Path, last_stage_step: int) -> None:
+    """Drop the lines of a stage's metrics.jsonl logged after the checkpoint a resume
+    continues from (and a line torn by a kill)."""
     if not path.exists():
         return
     kept = [
         record for record in read_metrics(path) if record.get("stage_step", 0) <= last_stage_step
     ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(record, default=str) + "\n" for record in kept))
-    tmp.replace(path)
+    atomic_write_text(path, "".join(json.dumps(record, default=str) + "\n" for record in kept))
 
 
 def run_stage(
@@ -136,10 +136,9 @@ def run_stage(
     state,
     run,
     args,
-    reward_funcs,
-    feedback_func,
+    rewards,
     generations_log,
-    output_dir: Path,
+    layout: RunLayout,
 ) -> None:
     """Train the controller's running stage to its end, evaluate, save, record and plot.
 
@@ -147,46 +146,45 @@ def run_stage(
     plot) before the state file marks the stage finished, and untouched after; until then
     a resume continues the stage from its latest trainer checkpoint.
     """
-    from pipeline.checkpoints import (
+    from pipeline.erl.trainer import ERLTrainer
+    from pipeline.evaluate.first_attempts import evaluate_first_attempts
+    from pipeline.run.checkpoints import (
         latest_trainer_checkpoint,
         read_controller_state,
         save_policy,
-        stage_checkpoints,
     )
-    from pipeline.erl_trainer import ERLTrainer
-    from pipeline.evaluation import evaluate_first_attempts
-    from pipeline.plots import plot_run
-    from pipeline.run_config import verbose
-    from pipeline.run_logging import show_stage_progress
+    from pipeline.run.config import verbose
+    from pipeline.run.console import show_stage_progress
+    from pipeline.run.plots import plot_run
 
     stage, level = controller.stage, controller.level
     state.start_stage(level, controller.state_dict())  # the running entry, when resuming
-    stage_dir = output_dir / f"stage_{stage}"
+    stage_dir = layout.stage(stage)
     stage_dir.mkdir(parents=True, exist_ok=True)
-    checkpoints = stage_checkpoints(output_dir, stage)
+    checkpoints = layout.stage_checkpoints(stage)
     checkpoint = latest_trainer_checkpoint(checkpoints)
     if checkpoint is not None:  # an interrupted stage: continue where its checkpoint left off
         controller.load_state_dict(read_controller_state(checkpoint))
     if is_main_process():
-        truncate_metrics(stage_dir, controller.stage_steps)
+        truncate_metrics(layout.stage_metrics(stage), controller.stage_steps)
     step_offset = sum(s.steps for s in state.stages if s.finished)
     if generations_log is not None:  # the main process's
         generations_log.start_stage(stage, step_offset, controller.stage_steps)
 
     trainer = ERLTrainer(
         model=model,
-        args=stage_args(args, checkpoints, controller.config.max_stage_steps),
+        args=stage_args(args, checkpoints, controller.config.max_stage_steps, rewards.weights),
         train_dataset=stage_dataset(
             task, controller, run.prompts_per_stage, stage_seed(args.seed, stage)
         ),
-        reward_funcs=reward_funcs,
-        feedback_func=feedback_func,
+        reward_funcs=rewards.funcs,
+        feedback_func=rewards.feedback,
         processing_class=tokenizer,
     )
     trainer.memory = memory  # one memory for the whole run; checkpoints save and restore it
-    callback = CurriculumCallback(trainer, controller, stage_dir, step_offset)
+    callback = CurriculumCallback(trainer, controller, layout.stage_metrics(stage), step_offset)
     trainer.add_callback(callback)
-    show_stage_progress(trainer, args, controller, output_dir)  # instead of per-step dicts
+    show_stage_progress(trainer, args, controller, layout)  # instead of per-step dicts
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     kill_point("trained", stage)
     steps = controller.stage_steps
@@ -202,15 +200,14 @@ def run_stage(
             level,
             run.eval_prompts,
             max_new_tokens=args.max_completion_length,
-            # Programs that only watch (all weights 0, learned signals train): the task reward.
-            weights=run.reward_signals if any(run.reward_signals.values()) else None,
+            weights=rewards.eval_weights,
             progress=verbose(args.log_level) and not args.disable_tqdm,
         )
     kill_point("evaluated", stage)
     eval_reward = evaluation.mean_reward if evaluation else None
     if main_process:
         save_policy(model, tokenizer, memory, stage_dir)
-        plot_run(output_dir, stages=[stage], eval_rewards={stage: eval_reward}, run_curve=False)
+        plot_run(layout.root, stages=[stage], eval_rewards={stage: eval_reward}, run_curve=False)
     kill_point("saved", stage)
     state.finish_stage(
         stage,
@@ -228,7 +225,7 @@ def run_stage(
     kill_point("recorded", stage)
     if main_process:
         shutil.rmtree(checkpoints, ignore_errors=True)  # a finished stage never resumes
-        plot_run(output_dir, stages=[])
+        plot_run(layout.root, stages=[])
     wait_for_everyone()
     logger.info(_summary(stage, level, steps, decision, callback.r2_mean(), evaluation))
 

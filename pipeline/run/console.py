@@ -21,9 +21,10 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
-from pipeline.run_config import verbose
+from pipeline.layout import RunLayout, stage_name
+from pipeline.run.config import verbose
 
-logger = logging.getLogger("pipeline.run")
+logger = logging.getLogger(__name__)
 
 R1, R2, GATED, FALLBACK = (
     "erl/r1_mean",
@@ -31,7 +32,6 @@ R1, R2, GATED, FALLBACK = (
     "erl/gated_fraction",
     "rewards/fallback_rate",
 )
-TENSORBOARD_DIR = "tensorboard"
 
 
 def quiet_libraries() -> None:
@@ -226,7 +226,7 @@ def show_progress(trainer, progress: RunProgress, tensorboard_dir: Path) -> None
             callback.logging_dir = str(tensorboard_dir)
 
 
-def show_stage_progress(trainer, args, controller, output_dir: Path) -> None:
+def show_stage_progress(trainer, args, controller, layout: RunLayout) -> None:
     """The running stage's bar and warnings in place of the per-step dictionaries."""
     stage, config = controller.stage, controller.config
     watch = RewardWatch(
@@ -239,4 +239,4 @@ def show_stage_progress(trainer, args, controller, output_dir: Path) -> None:
         print_logs=verbose(args.log_level),
         watch=watch,
     )
-    show_progress(trainer, progress, output_dir / TENSORBOARD_DIR / f"stage_{stage}")
+    show_progress(trainer, progress, layout.tensorboard(stage_name(stage)))

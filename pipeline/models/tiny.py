@@ -12,11 +12,10 @@ saved to a folder and loaded through the same `from_pretrained` path a hub id ta
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+
+from curriculum.atomic import atomic_folder
 
 # Qwen-style chat template; `add_generation_prompt` opens the assistant turn.
 CHAT_TEMPLATE = (
@@ -136,12 +135,8 @@ def build_tiny_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    (staging / "tiny_model.json").write_text(json.dumps(settings))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(staging, out)
+    with atomic_folder(out) as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / stamp.name).write_text(json.dumps(settings))
     return str(out)

@@ -1,0 +1,12 @@
+"""The ERL algorithm: `ERLConfig` and `ERLTrainer` on TRL's GRPOTrainer.
+
+    config.py           ERLConfig: GRPOConfig plus ERL's options
+    trainer.py          ERLTrainer: reflection, retry, memory, internalization
+    batch.py            ERL's rows in the base trainer's batch layout; micro-batches
+    memory.py           the cross-episode reflection memory
+    prompts.py          the reflection and retry prompts, and the memory's text
+    feedback_warmup.py  SFT rows that teach a small model to read ERL's feedback
+
+Nothing here imports `pipeline.run`. Import the classes from `pipeline`
+(`from pipeline import ERLConfig, ERLTrainer`): that chooses the backend first.
+"""

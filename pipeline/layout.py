@@ -1,0 +1,127 @@
+"""The output folder of a curriculum run: every name in it, in one place.
+
+`python -m pipeline.run` writes it; the plots, the resume, `python -m pipeline.evaluate`
+and `python -m pipeline.reward_model --from_run` read it. Other tools rely on it, so
+every reader and writer takes its paths from `RunLayout`:
+
+    <output_dir>/run_config.json          every option the run started with (a resume must match)
+    <output_dir>/curriculum_state.json    stages: status, steps, r1_mean, eval_reward, checkpoint
+    <output_dir>/stage_<k>/               model or adapter + tokenizer + erl_memory.json
+        metrics.jsonl                     one JSON object per logged step
+        reward_curve.png                  the stage's r1 and r2
+        checkpoints/checkpoint-<n>/       trainer checkpoints while the stage runs
+            curriculum_controller.json    written last: marks the checkpoint complete
+    <output_dir>/warmup/                  the policy after the SFT warm-up
+    <output_dir>/final/                   the final model or adapter + tokenizer
+    <output_dir>/final_merged/            with --save_merged
+    <output_dir>/final_gguf/              with --save_gguf
+    <output_dir>/generations.jsonl        sampled generations with rewards and feedback
+    <output_dir>/reward_curve.png         r1 and r2 over the run, stages, eval rewards
+    <output_dir>/tensorboard/<stage_k|warmup>/   with report_to: tensorboard
+
+`erl_memory.json` is the reflection memory's own file (`pipeline.erl.memory`), which
+ERLTrainer also writes into every trainer checkpoint; `generations.jsonl` is
+`rewards.GenerationsLog`'s.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rewards.generations_log import GENERATIONS_FILE
+
+RUN_CONFIG_FILE = "run_config.json"
+STATE_FILE = "curriculum_state.json"
+STAGE_PREFIX = "stage_"
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "reward_curve.png"
+CHECKPOINTS_DIR = "checkpoints"
+CONTROLLER_FILE = "curriculum_controller.json"
+WARMUP_DIR = "warmup"
+WARMUP_TRAINER_DIR = ".warmup_trainer"  # the warm-up trainer's scratch output_dir
+FINAL_DIR = "final"
+FINAL_MERGED_DIR = "final_merged"
+FINAL_GGUF_DIR = "final_gguf"
+TENSORBOARD_DIR = "tensorboard"
+
+_STAGE_DIR = re.compile(re.escape(STAGE_PREFIX) + r"(\d+)")
+
+
+def stage_name(stage: int) -> str:
+    """The folder name of stage `stage` (also what the state file's `checkpoint` holds)."""
+    return f"{STAGE_PREFIX}{stage}"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The paths of one run's output folder."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def run_config(self) -> Path:
+        return self.root / RUN_CONFIG_FILE
+
+    @property
+    def state(self) -> Path:
+        return self.root / STATE_FILE
+
+    @property
+    def generations(self) -> Path:
+        return self.root / GENERATIONS_FILE
+
+    @property
+    def plot(self) -> Path:
+        return self.root / PLOT_FILE
+
+    @property
+    def warmup(self) -> Path:
+        return self.root / WARMUP_DIR
+
+    @property
+    def warmup_trainer(self) -> Path:
+        return self.root / WARMUP_TRAINER_DIR
+
+    @property
+    def final(self) -> Path:
+        return self.root / FINAL_DIR
+
+    @property
+    def final_merged(self) -> Path:
+        return self.root / FINAL_MERGED_DIR
+
+    @property
+    def final_gguf(self) -> Path:
+        return self.root / FINAL_GGUF_DIR
+
+    def stage(self, stage: int) -> Path:
+        """stage_<k>/: the stage's model, metrics and plot."""
+        return self.root / stage_name(stage)
+
+    def stage_metrics(self, stage: int) -> Path:
+        return self.stage(stage) / METRICS_FILE
+
+    def stage_plot(self, stage: int) -> Path:
+        return self.stage(stage) / PLOT_FILE
+
+    def stage_checkpoints(self, stage: int) -> Path:
+        """Where the trainer checkpoints of a running stage go."""
+        return self.stage(stage) / CHECKPOINTS_DIR
+
+    def tensorboard(self, name: str) -> Path:
+        """tensorboard/<name>/: one folder per stage (`stage_<k>`) and the warm-up."""
+        return self.root / TENSORBOARD_DIR / name
+
+    def stages(self) -> dict[int, Path]:
+        """Stage number -> its existing stage_<k> folder."""
+        found = {}
+        for path in self.root.glob(f"{STAGE_PREFIX}*"):
+            match = _STAGE_DIR.fullmatch(path.name)
+            if match and path.is_dir():
+                found[int(match.group(1))] = path
+        return found
