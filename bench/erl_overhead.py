@@ -9,6 +9,14 @@ interleaved rounds, and prints one `name: value` line per figure (medians over a
 
     gate_closed_step_ratio   median step time, ERL (gate closed) / GRPO   (target <= 1.05)
     all_gated_step_ratio     median step time, ERL (every row gated) / GRPO
+    token_ratio[generated]   completion tokens an all-gated ERL step generates (first
+                             attempts, reflections, retries) / GRPO's
+    token_ratio[processed]   tokens an all-gated ERL step puts through the model: every
+                             generate call's prompts and new tokens, and every trained
+                             row's prompt and completion / GRPO's
+    step_per_token_ratio[…]  all_gated_step_ratio / each token ratio (target: <= 1.3 for
+                             the processed tokens)
+    generate_calls_per_step  generate calls of a step, GRPO's and the all-gated ERL's
     erl_overhead_share       share of an all-gated ERL step spent outside generation and
                              forward/backward (scoring, feedback, templating, merging)
                              (target <= 0.05)
@@ -50,6 +58,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig, ERLTrainer, build_tiny_model  # noqa: E402
+from pipeline.erl.batch import INERT_KEY  # noqa: E402
 from pipeline.models.loading import add_mode_switches  # noqa: E402
 
 
@@ -63,12 +72,14 @@ def feedback(completions, **kwargs):
 
 
 class Timed:
-    """Mixin: accumulates wall time spent in the phases the figures are made of."""
+    """Mixin: accumulates wall time spent in the phases the figures are made of, and the
+    tokens and generate calls of every step."""
 
     def __init__(self, *args, memory=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.phase_seconds = defaultdict(float)
         self.step_seconds: list[float] = []
+        self.counts = defaultdict(int)  # generated, processed, generate_calls
         self.step_meter = (
             memory  # a bench/step_memory.py meter, or None (not `memory`: ERL has one)
         )
@@ -93,8 +104,20 @@ class Timed:
     def _prepare_inputs(self, *args, **kwargs):
         return self._timed("prepare", super()._prepare_inputs, *args, **kwargs)
 
-    def _generate_single_turn(self, *args, **kwargs):
-        return self._timed("generate", super()._generate_single_turn, *args, **kwargs)
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        out = self._timed("generate", super()._generate_single_turn, prompt_ids, *args, **kwargs)
+        new = sum(len(ids) for ids in out[0])
+        self.counts["generate_calls"] += 1
+        self.counts["generated"] += new
+        self.counts["processed"] += sum(len(ids) for ids in prompt_ids) + new
+        return out
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        inert = inputs.get(INERT_KEY)
+        trained = slice(None) if inert is None else ~inert  # ERL leaves inert rows out
+        for key in ("prompt_mask", "completion_mask"):
+            self.counts["processed"] += int(inputs[key][trained].sum())
+        return super().compute_loss(model, inputs, *args, **kwargs)
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         # Only the no-grad forwards inside _prepare_inputs are counted here; the training
@@ -128,14 +151,16 @@ def build(trainer_cls, args, model_dir, dataset, memory=None, **extra):
 
 
 def timed_run(trainer_cls, args, model_dir, dataset, warmup, **extra):
-    """Step times after `warmup`, phase seconds scaled to those steps, and their sum."""
+    """Step times after `warmup`, phase seconds scaled to those steps, their sum, and the
+    token and generate-call counts per step (over all steps)."""
     trainer = build(trainer_cls, args, model_dir, dataset, **extra)
     trainer.train()
     steps = trainer.step_seconds[warmup:]
     phases = {
         k: v * len(steps) / len(trainer.step_seconds) for k, v in trainer.phase_seconds.items()
     }
-    return steps, phases, sum(steps)
+    per_step = {k: v / len(trainer.step_seconds) for k, v in trainer.counts.items()}
+    return steps, phases, sum(steps), per_step
 
 
 def peak_step_memory(trainer_cls, args, model_dir, dataset, **extra) -> int:
@@ -215,9 +240,10 @@ def main() -> None:
     }
     # Interleaved rounds, so that drift in the machine's load affects every variant alike.
     steps, phases, totals = defaultdict(list), defaultdict(float), defaultdict(float)
+    counts = defaultdict(list)  # (name, count) -> per-step values, one per round
     for round_index in range(opts.rounds):
         for name, (cls, make_args, extra) in configs.items():
-            step_times, round_phases, total = timed_run(
+            step_times, round_phases, total, per_step = timed_run(
                 cls,
                 make_args(round_index, opts.warmup + opts.steps),
                 model_dir,
@@ -227,6 +253,8 @@ def main() -> None:
             )
             steps[name] += step_times
             totals[name] += total
+            for key, value in per_step.items():
+                counts[name, key].append(value)
             for key, value in round_phases.items():
                 phases[name, key] += value
     # Memory in runs of its own: counting tensors on a CPU slows every operator.
@@ -259,6 +287,13 @@ def main() -> None:
     print(f"peak_step_memory_mb[erl_all_gated]: {memory['erl_all_gated'] / 2**20:.2f}")
     print(f"gate_closed_step_ratio: {closed_time / grpo_time:.3f}")
     print(f"all_gated_step_ratio: {gated_time / grpo_time:.3f}")
+    count = {key: statistics.mean(values) for key, values in counts.items()}
+    for kind in ("generated", "processed"):
+        ratio = count["erl_all_gated", kind] / count["grpo", kind]
+        print(f"token_ratio[{kind}]: {ratio:.3f}")
+        print(f"step_per_token_ratio[{kind}]: {gated_time / grpo_time / ratio:.3f}")
+    for name in ("grpo", "erl_all_gated"):
+        print(f"generate_calls_per_step[{name}]: {count[name, 'generate_calls']:.2f}")
     print(f"erl_overhead_share: {outside / total:.3f}")
     print(f"peak_memory_ratio: {memory['erl_all_gated'] / max(memory['grpo'], 1):.3f}")
 

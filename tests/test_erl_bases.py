@@ -32,6 +32,8 @@ UNSLOTH = unsloth_trainer_active()
 # end), so the tests keep the sampler off it, as a trained model is.
 NO_PAD = {"suppress_tokens": [SPECIAL_TOKENS.index(PAD_TOKEN)]}
 LOSS_TYPES = ("dapo", "bnpo", "grpo", "dr_grpo")
+# Every loss type ERLTrainer trains a merged chunk with in several micro-batches.
+ALL_LOSS_TYPES = (*LOSS_TYPES, "cispo", "sapo", "luspo", "vespo")
 # Largest relative error of a gradient (per parameter, in norm) counted as equal: float32
 # round-off, on both bases. (Unsloth's trainer would turn the float32 tiny model's training
 # into fp16 autocast, 1-5% off; `add_mode_switches` marks float32 as wanted on a CPU.)
@@ -123,7 +125,7 @@ def test_erl_config_holds_exactly_what_the_base_config_makes(options):
     erl_only = {"reward_threshold", "memory_size", "memory_top_k", "reflection_system_prompt"}
     erl_only |= {"retry_system_prompt", "internalization_coef", "enable_memory"}
     erl_only |= {"enable_internalization", "reflection_max_completion_length", "retry_advantage"}
-    erl_only |= {"loss_normalization", "memory_scope", "train_retries"}
+    erl_only |= {"loss_normalization", "memory_scope", "train_retries", "memory_budget"}
     ours = {k: v for k, v in erl.to_dict().items() if k not in erl_only}
     assert ours == base.to_dict() and set(erl.to_dict()) - set(base.to_dict()) == erl_only
     assert erl.reward_threshold == 0.5 and erl.memory_size == 50
@@ -180,7 +182,7 @@ def test_inert_rows_leave_every_loss_type_unchanged(
     prompt = out["prompt_ids"][0][out["prompt_mask"][0].bool()].tolist()
     completion = out["completion_ids"][0][out["completion_mask"][0].bool()].tolist()
     rows = NewRows([prompt] * 8, [completion] * 8, [0.5] * 8, [False] * 8, [True] * 8)
-    merged = merge_rows(trainer, out, rows)
+    merged = merge_rows(trainer, out, rows, tokens_per_forward=10**6)  # one forward
     assert merged[INERT_KEY].tolist() == [False] * n + [True] * 8
     assert (merged["completion_ids"][n:] == trainer._tokenizer.pad_token_id).all()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() in a real run
@@ -198,38 +200,13 @@ def test_inert_rows_leave_every_loss_type_unchanged(
                 close(own, expected, loss_type)
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.1])
-def test_micro_batched_loss_has_the_gradient_of_one_batch(
-    tiny_model_dir, arithmetic_dataset, make_args, monkeypatch, beta
-):
-    """An all-gated chunk holds ~4x per_device_train_batch_size rows: no forward sees more
-    than that many, and the gradient equals that of the chunk in one forward, for every
-    loss type, with and without the KL term."""
-    reward, _ = alternating_reward()  # y1 fails, retries succeed: internalization rows too
-    args = make_args(
-        beta=beta,
-        reward_threshold=0.5,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        steps_per_generation=1,
-        num_iterations=2,  # the second step reuses the buffer: no generation in training_step
-    )
-    trainer = make_trainer(tiny_model_dir, args, arithmetic_dataset, reward=reward)
+def micro_batch_harness(trainer, merged, monkeypatch):
+    """`step(tokens)`: one training_step on the merged chunk with `tokens` padded tokens per
+    forward; returns the loss, the gradients, the metrics the step logged (new values per
+    key) and, per backward, the rows and padded tokens the base's loss got since the last
+    one (those whose activations are alive at once)."""
     model = trainer.model
-    first, merged = first_generation_batch(trainer)
-    assert merged["prompt_ids"].size(0) > 3 * 4 and len(first) == 4
-    # Completions of different lengths, so that a part's share of the loss tokens (bnpo's
-    # weight) differs from its share of the rows (grpo's); pad ids, as Unsloth reads them.
-    width = merged["completion_ids"].size(1)
-    for row in range(merged["completion_ids"].size(0)):
-        merged["completion_ids"][row, 1 + row % width :] = trainer._tokenizer.pad_token_id
-        merged["completion_mask"][row, 1 + row % width :] = 0
-    merged["num_items_in_batch"] = merged["completion_mask"].sum()
-
-    # Rows (and padded tokens) the base trainer's loss got between two backward passes: those
-    # whose activations are alive at once (the base may forward them in smaller pieces, but
-    # keeps them all).
-    pending, rows_seen, tokens_seen = [0, 0], [], []
+    pending, seen = [0, 0], []
     base = type(trainer).__mro__[1]
     base_loss, backward = base.compute_loss, trainer.accelerator.backward
 
@@ -240,71 +217,233 @@ def test_micro_batched_loss_has_the_gradient_of_one_batch(
         return base_loss(self, model, inputs, *args, **kwargs)
 
     def counting_backward(loss, **kwargs):
-        rows_seen.append(pending[0])
-        tokens_seen.append(pending[1])
+        seen.append(tuple(pending))
         pending[:] = [0, 0]
         return backward(loss, **kwargs)
 
     monkeypatch.setattr(base, "compute_loss", counting_loss)
-    trainer.accelerator.backward = counting_backward
+    monkeypatch.setattr(trainer.accelerator, "backward", counting_backward)
 
-    # 4 rows x the width of GRPO's own batch, its first rows: narrower than the merged batch.
-    budget, grpo_rows = int(merged[TOKEN_BUDGET_KEY]), len(first)
-    widest_prompt = int(merged["prompt_mask"][:grpo_rows].sum(dim=1).max())
-    merged_width = merged["prompt_ids"].size(1) + merged["completion_ids"].size(1)
-    assert 4 * (widest_prompt + args.max_completion_length) == budget < 4 * merged_width
-
-    def gradient(limit, tokens):
-        trainer.args.per_device_train_batch_size = limit
+    def step(tokens, sync=True, accumulate=False):
         merged[TOKEN_BUDGET_KEY] = torch.tensor(tokens)
         trainer._buffered_inputs, trainer._step = [merged], 1
         trainer.current_gradient_accumulation_steps = 2
-        model.zero_grad()
+        trainer.accelerator.sync_gradients = sync  # False: inside an accumulation window
+        metrics = trainer._metrics["train"]
+        before = {key: len(values) for key, values in metrics.items()}
+        seen.clear()
+        if not accumulate:
+            model.zero_grad()
         loss = trainer.training_step(model, {}, None)
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        return loss, grads
+        logged = {
+            key: values[before.get(key, 0) :]
+            for key, values in metrics.items()
+            if len(values) > before.get(key, 0) and key != "step_time"  # wall time
+        }
+        return loss, grads, logged, list(seen)
 
-    for loss_type in LOSS_TYPES:
+    return step
+
+
+def all_gated_chunk(tiny_model_dir, arithmetic_dataset, make_args, **overrides):
+    """A trainer and one merged all-gated chunk (~4x GRPO's rows, retries wider than first
+    attempts, internalization rows), with completions of different lengths (so a part's
+    share of the loss tokens, bnpo's weight, differs from its share of rows, grpo's) and old
+    and reference log-probs moved off the policy's (so the ratio clips and KL is not 0)."""
+    reward, _ = alternating_reward()  # y1 fails, retries succeed: internalization rows too
+    args = make_args(
+        reward_threshold=0.5,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        steps_per_generation=1,
+        num_iterations=2,  # old log-probs; the second step reuses the buffer
+        **overrides,
+    )
+    trainer = make_trainer(tiny_model_dir, args, arithmetic_dataset, reward=reward)
+    first, merged = first_generation_batch(trainer)
+    assert merged["prompt_ids"].size(0) > 3 * 4 and len(first) == 4
+    width = merged["completion_ids"].size(1)
+    for row in range(merged["completion_ids"].size(0)):
+        merged["completion_ids"][row, 1 + row % width :] = trainer._tokenizer.pad_token_id
+        merged["completion_mask"][row, 1 + row % width :] = 0
+    merged["num_items_in_batch"] = merged["completion_mask"].sum()
+    noise = torch.Generator().manual_seed(0)
+    for key in ("old_per_token_logps", "ref_per_token_logps"):
+        if merged.get(key) is not None:
+            merged[key] = merged[key] + 0.3 * torch.randn(merged[key].shape, generator=noise)
+    return trainer, first, merged
+
+
+@pytest.mark.parametrize(
+    "beta, entropy_coef", [(0.0, 0.0), (0.1, 0.3)], ids=["policy", "kl_and_entropy_bonus"]
+)
+def test_micro_batched_loss_counts_every_term_once(
+    tiny_model_dir, arithmetic_dataset, make_args, monkeypatch, beta, entropy_coef
+):
+    """A merged chunk trained in micro-batches within the token budget has the loss, the
+    gradient and the logged metrics of the chunk in one forward, for every loss type
+    ERLTrainer micro-batches: the policy term, KL, the entropy bonus and every metric
+    (policy_loss, entropy, kl, clip ratios, ...) counted once."""
+    trainer, first, merged = all_gated_chunk(
+        tiny_model_dir, arithmetic_dataset, make_args, beta=beta, entropy_coef=entropy_coef
+    )
+    step = micro_batch_harness(trainer, merged, monkeypatch)
+    # The budget: memory_budget x the padded tokens of one forward of GRPO's own batch.
+    grpo_width = merged["prompt_mask"][: len(first)].sum(dim=1).max() + merged["completion_ids"][
+        : len(first)
+    ].size(1)
+    budget = int(merged[TOKEN_BUDGET_KEY])
+    assert budget == int(trainer.args.memory_budget * 4 * int(grpo_width))
+    merged_width = merged["prompt_ids"].size(1) + merged["completion_ids"].size(1)
+    budget = 4 * merged_width // 3  # tighter, so that every loss type needs several forwards
+    for loss_type in ALL_LOSS_TYPES:
         trainer.loss_type = trainer.args.loss_type = loss_type
-        rows_seen.clear(), tokens_seen.clear()
-        micro_loss, micro = gradient(4, budget)
-        assert len(rows_seen) > 1 and max(rows_seen) <= 4, (loss_type, rows_seen)
-        # Retries' prompts carry the reflection: wider than GRPO's, so fewer rows per forward.
-        over = [(r, t) for r, t in zip(rows_seen, tokens_seen) if t > budget and r > 1]
-        assert not over and max(tokens_seen) > 0, (loss_type, budget, over)
-        rows_seen.clear()
-        whole_loss, whole = gradient(10_000, 10**9)
-        assert rows_seen == [int((~merged[INERT_KEY]).sum())]  # one backward, the whole chunk
+        micro_loss, micro, micro_logged, seen = step(budget)
+        assert len(seen) > 2, (loss_type, seen)
+        over = [(rows, tokens) for rows, tokens in seen if tokens > budget and rows > 1]
+        assert not over, (loss_type, budget, over)
+        whole_loss, whole, whole_logged, seen = step(10**9)
+        assert [rows for rows, _ in seen] == [int((~merged[INERT_KEY]).sum())]  # one forward
         torch.testing.assert_close(micro_loss, whole_loss, rtol=1e-4, atol=1e-7)
         assert whole and any(g.abs().sum() > 0 for g in whole.values())
         errors = {name: relative_error(micro[name], g) for name, g in whole.items()}
         print(loss_type, "relative gradient error, max:", max(errors.values()))
         assert max(errors.values()) < GRADIENT_TOLERANCE, (loss_type, errors)
-    trainer.accelerator.backward = backward
+        assert micro_logged.keys() == whole_logged.keys(), loss_type
+        for key, values in whole_logged.items():
+            assert len(micro_logged[key]) == len(values), (loss_type, key, micro_logged[key])
+            assert micro_logged[key] == pytest.approx(values, rel=1e-4, abs=1e-6, nan_ok=True), (
+                loss_type,
+                key,
+            )
+        if entropy_coef and not UNSLOTH:  # Unsloth's loss logs neither
+            assert {"policy_loss", "entropy_coef"} <= whole_logged.keys()
+        if beta:
+            assert whole_logged["kl"][0] > 0
 
 
-def test_reflections_and_retries_generate_no_more_tokens_at_once_than_grpo(
-    tiny_model_dir, arithmetic_dataset, make_args
+@pytest.mark.skipif(UNSLOTH, reason="Unsloth's loss has no adaptive entropy control (it warns)")
+def test_adaptive_entropy_steps_once_per_optimizer_step_with_accumulation(
+    tiny_model_dir, arithmetic_dataset, make_args, monkeypatch
 ):
-    """Reflection and retry prompts are several times longer than the task's: generated in
-    calls that hold at most the tokens (rows x (longest prompt + new tokens)) of GRPO's."""
-    args = make_args(reward_threshold=2.0, per_device_train_batch_size=8)  # every row gated
+    """Adaptive entropy control with gradient accumulation 2: ERL in micro-batches gives the
+    entropy_coef trajectory, the logged coefficient and the parameters of the chunk trained
+    in one forward (before, every micro-batch at the boundary stepped the controller)."""
+    trainer, _, merged = all_gated_chunk(
+        tiny_model_dir,
+        arithmetic_dataset,
+        make_args,
+        use_adaptive_entropy=True,
+        entropy_coef=0.01,
+        entropy_coef_delta=0.005,
+        entropy_target=100.0,  # above any entropy here: the coefficient rises every step
+    )
+    step = micro_batch_harness(trainer, merged, monkeypatch)
+    model = trainer.model
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    controller = trainer.entropy_coef, trainer._last_world_entropy
+    width = merged["prompt_ids"].size(1) + merged["completion_ids"].size(1)
+    runs = {}
+    for name, tokens in (("micro", 2 * width), ("whole", 10**9)):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(initial[n])
+        trainer.entropy_coef, trainer._last_world_entropy = controller
+        trainer._entropy_window_stats = None
+        trainer.optimizer = None
+        trainer.create_optimizer()
+        coefs, logged, forwards = [], [], 0
+        for _ in range(3):  # optimizer steps of two accumulated micro-steps each
+            for sync in (False, True):
+                _, _, new, seen = step(tokens, sync=sync, accumulate=not sync)
+                logged += new.get("entropy_coef", [])
+                forwards = max(forwards, len(seen))
+            trainer.optimizer.step()
+            coefs.append(trainer.entropy_coef)
+        runs[name] = coefs, logged, {n: p.detach().clone() for n, p in model.named_parameters()}
+        assert forwards > 1 if name == "micro" else forwards == 1, (name, forwards)
+    assert runs["whole"][0] == pytest.approx([0.015, 0.02, 0.025])  # once per optimizer step
+    assert runs["micro"][0] == pytest.approx(runs["whole"][0])
+    assert runs["micro"][1] == pytest.approx(runs["whole"][1]) and len(runs["micro"][1]) == 3
+    errors = {
+        n: relative_error(runs["micro"][2][n] - initial[n], d - initial[n])
+        for n, d in runs["whole"][2].items()
+    }
+    # Adam divides by the gradient's running RMS: float round-off in the gradients (< 1e-5,
+    # the test above) grows to ~1e-4 in the updates of parameters with tiny gradients.
+    assert max(errors.values()) < 1e-3, errors
+
+
+@pytest.mark.parametrize("memory_budget", [1.5, 0.01], ids=["default", "tiny"])
+def test_reflections_and_retries_generate_within_the_memory_budget(
+    tiny_model_dir, arithmetic_dataset, make_args, memory_budget
+):
+    """Reflection and retry prompts are several times longer than the task's. Each of their
+    generate calls holds at most the memory budget (its estimated bytes against memory_budget
+    x GRPO's loss forward), as many rows as fit: with the default budget a couple of calls
+    for 2 x 8 rows (the old token rule made one call per row here), with a tiny one a row
+    per call; erl/generate_calls logs how many."""
+    args = make_args(
+        reward_threshold=2.0, per_device_train_batch_size=8, memory_budget=memory_budget
+    )
     trainer = make_trainer(tiny_model_dir, args, arithmetic_dataset)
     calls, generate = [], trainer._generate_single_turn
 
     def counting_generate(prompt_ids, *rest):
         new_tokens = trainer.generation_config.max_new_tokens
-        calls.append((len(prompt_ids), max(map(len, prompt_ids)) + new_tokens))
+        calls.append((len(prompt_ids), max(map(len, prompt_ids)), new_tokens))
         return generate(prompt_ids, *rest)
 
     trainer._generate_single_turn = counting_generate
-    first_generation_batch(trainer)
-    (grpo_rows, grpo_width), *erl = calls
-    assert grpo_rows == 8 and len(erl) > 2  # GRPO's call, then reflections and retries
-    assert max(width for _, width in erl) > 2 * grpo_width  # the case that needs splitting
-    over = [(rows, width) for rows, width in erl if rows * width > grpo_rows * grpo_width]
-    assert all(rows == 1 for rows, _ in over), (grpo_rows * grpo_width, erl)
-    assert sum(rows for rows, _ in erl) == 2 * 8  # every gated row reflected and retried
+    _, merged = first_generation_batch(trainer)
+    (grpo_rows, grpo_prompt, _), *erl = calls
+    assert grpo_rows == 8 and sum(rows for rows, _, _ in erl) == 2 * 8  # every row, twice
+    assert max(prompt for _, prompt, _ in erl) > 3 * grpo_prompt  # reflections are long
+    memory = trainer._memory_model
+    budget = memory.loss_forward(int(merged[TOKEN_BUDGET_KEY]))
+    over = [c for c in erl if memory.generate_call(*c) > budget and c[0] > 1]
+    assert not over, (budget, erl)
+    assert trainer._metrics["train"]["erl/generate_calls"] == [len(erl)]
+    if memory_budget == 1.5:
+        assert len(erl) <= 4, erl
+    else:
+        assert all(rows == 1 for rows, _, _ in erl)
+
+
+@pytest.mark.skipif(UNSLOTH, reason="Unsloth's GRPO trainer refuses MoE router losses")
+def test_moe_router_loss_is_counted_once_per_chunk(
+    tiny_model_dir, arithmetic_dataset, make_args, monkeypatch, tmp_path
+):
+    """A Mixture-of-Experts policy: its router (load-balancing) loss, added by the base's
+    loss per call, is counted once for a micro-batched chunk, as a token-weighted mean of
+    the micro-batches' (it is not linear in the tokens, so that is as close to one forward
+    as weighting gets); before, K micro-batches added it K times."""
+    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+        moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=1.0,
+        output_router_logits=False, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    folder = tmp_path / "moe"
+    Qwen3MoeForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    trainer, _, merged = all_gated_chunk(str(folder), arithmetic_dataset, make_args)
+    assert trainer.aux_loss_enabled
+    step = micro_batch_harness(trainer, merged, monkeypatch)
+    width = merged["prompt_ids"].size(1) + merged["completion_ids"].size(1)
+    micro_loss, _, micro_logged, seen = step(4 * width // 3)
+    assert len(seen) > 2
+    whole_loss, _, whole_logged, _ = step(10**9)
+    aux = whole_logged["aux_loss"][0]  # with coefficient 1: most of the loss
+    assert aux > 1.0 and len(micro_logged["aux_loss"]) == 1
+    assert micro_logged["aux_loss"][0] == pytest.approx(aux, rel=0.01)
+    assert micro_loss.item() == pytest.approx(whole_loss.item(), rel=0.01, abs=0.01)
 
 
 @pytest.mark.slow

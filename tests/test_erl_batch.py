@@ -9,17 +9,11 @@ from conftest import length_reward
 from pipeline import ERLTrainer
 from pipeline.erl.batch import (
     INERT_KEY,
+    TOKEN_BUDGET_KEY,
     NewRows,
     cat_padded,
     completion_layout,
     importance_sampling_ratio,
-    micro_batch,
-    micro_batch_weight,
-    plan_equal_micro_batches,
-    plan_generation,
-    plan_micro_batches,
-    rows_per_micro_batch,
-    split_plan,
 )
 
 
@@ -54,93 +48,6 @@ def test_importance_sampling_ratio_follows_trls_modes():
     torch.testing.assert_close(sequence, torch.exp(torch.tensor([[-0.5]])))
     masked = importance_sampling_ratio(old, sampling, mask, "token_mask", 0.5, 1.5)
     assert masked.tolist()[0][:2] == [0.0, 0.0]
-
-
-def test_micro_batch_weights_add_up_to_the_chunk():
-    mask = torch.tensor([[1, 1], [1, 0], [0, 0], [1, 1], [1, 0]])
-    plan = [[0, 1], [2, 3], [4]]
-    assert [micro_batch_weight("grpo", rows, mask) for rows in plan] == [0.4, 0.4, 0.2]
-    assert [micro_batch_weight("bnpo", rows, mask) for rows in plan] == [0.5, 1 / 3, 1 / 6]
-    assert [micro_batch_weight("dapo", rows, mask) for rows in plan] == [1.0, 1.0, 1.0]
-    assert micro_batch_weight("bnpo", [2], mask) == 1.0  # no tokens: a zero loss anyway
-
-
-def padded_batch(prompt_lengths, completion_lengths, pad=0):
-    """Left-padded prompts and right-padded completions of the given lengths (ids 1..)."""
-    rows, width_p, width_c = len(prompt_lengths), max(prompt_lengths), max(completion_lengths)
-    batch = {
-        "prompt_ids": torch.full((rows, width_p), pad),
-        "prompt_mask": torch.zeros(rows, width_p, dtype=torch.long),
-        "completion_ids": torch.full((rows, width_c), pad),
-        "completion_mask": torch.zeros(rows, width_c, dtype=torch.long),
-        "num_items_in_batch": torch.tensor(sum(completion_lengths)),
-    }
-    for row, (p, c) in enumerate(zip(prompt_lengths, completion_lengths)):
-        batch["prompt_ids"][row, width_p - p :] = torch.arange(1, p + 1)
-        batch["prompt_mask"][row, width_p - p :] = 1
-        batch["completion_ids"][row, :c] = torch.arange(1, c + 1)
-        batch["completion_mask"][row, :c] = 1
-    return batch
-
-
-def test_plan_keeps_rows_and_tokens_per_forward_within_limits():
-    """First attempts (short prompts) and retries (long prompts) of one chunk: no micro-batch
-    has more than `limit` rows or more padded tokens than the budget, every row is in one."""
-    prompts = [3, 12, 3, 11, 3, 2, 12, 3]
-    completions = [4, 4, 2, 4, 4, 1, 3, 4]
-    batch = padded_batch(prompts, completions)
-    limit, budget = 4, 4 * (3 + 4)  # GRPO: 4 rows of width 7
-    plan = plan_micro_batches(batch, 0, limit, budget)
-    assert sorted(r for rows in plan for r in rows) == list(range(8))
-    for rows in plan:
-        area = len(rows) * (max(prompts[r] for r in rows) + max(completions[r] for r in rows))
-        assert len(rows) <= limit and (area <= budget or len(rows) == 1), (rows, area)
-    # Long rows (16 tokens) go alone, first attempts fill a micro-batch of `limit` rows.
-    assert sorted(map(sorted, plan)) == [[0, 2, 4, 7], [1], [3], [5], [6]]
-    assert len(plan_micro_batches(batch, 0, 8, 8 * 16)) == 1
-    # Several processes: equal micro-batches, as many rows as every group allows.
-    assert rows_per_micro_batch(batch, 0, limit, budget) == 1  # two long rows: 32 > 28
-    assert rows_per_micro_batch(batch, 0, limit, 64) == 4  # 4 x 16 and 4 x 7 both fit
-    equal = plan_equal_micro_batches(batch, 0, 3)
-    assert [len(rows) for rows in equal] == [3, 3, 2]
-    assert [set(rows) for rows in equal] == [{1, 3, 6}, {0, 4, 7}, {2, 5}]
-
-
-def test_micro_batch_trims_padding_in_both_layouts():
-    """A micro-batch keeps only the columns its rows need; TRL-layout log-probs keep token j
-    in column j, Unsloth's packed ones in column M' - p' + j for the new widest padding."""
-    prompts, completions = [5, 2, 3, 1], [3, 1, 2, 1]
-    batch = padded_batch(prompts, completions)
-    width_p, width_c = 5, 3
-    m = 6  # a generation batch's widest left padding can exceed this chunk's (4)
-    trl = torch.arange(4 * width_c, dtype=torch.float).view(4, width_c)
-    packed = torch.full((4, width_c + m), -1.0)
-    for row, p in enumerate(prompts):
-        left = width_p - p
-        packed[row, m - left : m - left + width_c] = trl[row]
-    batch["sampling_per_token_logps"] = trl
-    batch["old_per_token_logps"] = packed
-    part = micro_batch(batch, [1, 2], 0, packed=True)
-    assert part["prompt_ids"].tolist() == [[0, 1, 2], [1, 2, 3]]
-    assert part["completion_ids"].tolist() == [[1, 0], [1, 2]]
-    assert torch.equal(part["sampling_per_token_logps"], trl[[1, 2], :2])
-    torch.testing.assert_close(
-        completion_layout(part["old_per_token_logps"], part["prompt_mask"], 2), trl[[1, 2], :2]
-    )
-    assert part["old_per_token_logps"].size(1) == 2 + 1  # C' + M' (M' = 3 - 2)
-    trl_part = micro_batch(batch, [1, 2], 0, packed=False)
-    assert torch.equal(trl_part["old_per_token_logps"], packed[[1, 2], :2])
-    wide = micro_batch(batch, [1, 2], 0, packed=False, multiple=4)  # pad_to_multiple_of
-    assert wide["prompt_ids"].size(1) == 4 and wide["completion_ids"].size(1) == 3
-
-
-def test_split_plan_and_generation_plan():
-    assert split_plan([[0, 1, 2, 3], [4]], 3) == [[0, 1], [2, 3], [4]]
-    assert split_plan([[0], [1]], 2) == [[0], [1]]
-    # GRPO generated 4 prompts of 5 tokens + 3 new: 32 tokens; longer prompts go in fewer rows.
-    assert plan_generation([5, 5, 5, 5], 3, 32) == [[0, 1, 2, 3]]
-    assert plan_generation([12, 5, 13, 2, 30], 3, 32) == [[0, 1], [2, 3], [4]]  # 30: alone
-    assert plan_generation([4, 5, 5, 12, 3], 3, 32) == [[0, 1, 2], [3, 4]]
 
 
 def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
@@ -180,8 +87,9 @@ def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
         [True, True],
         [reported, None],
     )
-    merged = merge_rows(trainer, output, rows)
+    merged = merge_rows(trainer, output, rows, tokens_per_forward=96)
     pad_id = trainer._tokenizer.pad_token_id
+    assert int(merged[TOKEN_BUDGET_KEY]) == 96  # what compute_loss keeps every forward within
     assert merged["prompt_ids"].size(0) == 12  # 8 + 2 real + 2 filler, a multiple of 4
     assert merged["completion_ids"].shape == (12, 5)
     assert merged[INERT_KEY].tolist() == [False] * 10 + [True] * 2

@@ -10,7 +10,7 @@ from conftest import alternating_reward, first_generation_batch
 from test_erl_bases import BASE_PINS, GRADIENT_TOLERANCE, load_model, relative_error
 
 from pipeline import ERLTrainer
-from pipeline.erl.batch import select_rows
+from pipeline.erl.micro_batches import select_rows
 
 
 @pytest.mark.parametrize("coef", [0.7, 2.5])

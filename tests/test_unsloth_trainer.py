@@ -17,6 +17,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Tests of the suite for features Unsloth's GRPO loss does not have (they skip there).
+UNSLOTH_LACKS = [
+    "test_adaptive_entropy_steps_once_per_optimizer_step_with_accumulation",
+    "test_moe_router_loss_is_counted_once_per_chunk",
+]
 SUITE = [
     "tests/test_erl_bases.py",
     "tests/test_erl_internalization.py",
@@ -46,5 +51,11 @@ def test_both_bases_suite_passes_on_unsloths_trainer(tmp_path):
     suite = ET.parse(report).getroot().find("testsuite")
     counts = {k: int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped")}
     assert done.returncode == 0 and counts["failures"] == counts["errors"] == 0, done.stdout[-6000:]
-    # Nothing skipped: every test ran on Unsloth's trainer (one module test asserts the base).
-    assert counts["skipped"] == 0 and counts["tests"] >= 14, counts
+    # Every test ran on Unsloth's trainer (one module test asserts the base) but those of
+    # what Unsloth's loss does not have: adaptive entropy control and MoE router losses.
+    skipped = sorted(
+        case.get("name").split("[")[0]
+        for case in suite.iter("testcase")
+        if case.find("skipped") is not None
+    )
+    assert skipped == UNSLOTH_LACKS and counts["tests"] >= 14, (counts, skipped)

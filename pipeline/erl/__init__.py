@@ -2,7 +2,9 @@
 
     config.py           ERLConfig: GRPOConfig plus ERL's options
     trainer.py          ERLTrainer: reflection, retry, memory, internalization
-    batch.py            ERL's rows in the base trainer's batch layout; micro-batches
+    batch.py            ERL's rows in the base trainer's batch layout
+    micro_batches.py    a merged chunk in micro-batches, every loss term counted once
+    budget.py           the memory budget of generate calls and loss forwards
     memory.py           the cross-episode reflection memory
     prompts.py          the reflection and retry prompts, and the memory's text
     feedback_warmup.py  SFT rows that teach a small model to read ERL's feedback

@@ -12,10 +12,8 @@ Two bases read the same batch keys differently:
 
 This module builds ERL's rows so both read them right: padding and filler rows have
 pad-only completions and are flagged in `INERT_KEY` so that `ERLTrainer.compute_loss`
-leaves them out of every loss type; sampling log-probs are kept in TRL's layout; and the
-merged batch is cut into micro-batches of at most `per_device_train_batch_size` rows and
-at most the padded tokens of one GRPO forward, trimmed to their own widths, whose
-weighted losses add up to the loss of the whole chunk.
+leaves them out of every loss type; sampling log-probs are kept in TRL's layout. How the
+merged batch is then trained in micro-batches is `pipeline.erl.micro_batches`.
 """
 
 from __future__ import annotations
@@ -46,20 +44,13 @@ ROW_KEYS = {
     "max_left_pad",
     INERT_KEY,
 }
-# A 0-dim tensor in merged batches: the padded tokens (rows x width) one forward of GRPO's
-# own batch holds at per_device_train_batch_size rows. ERLTrainer.compute_loss keeps every
-# micro-batch within it, so that retries, whose prompts carry the reflection, do not need
-# more memory than GRPO.
+# A 0-dim tensor in merged batches: the padded tokens (rows x width) a loss forward may
+# hold, ERLConfig.memory_budget x those of one forward of GRPO's own batch (its
+# per_device_train_batch_size rows at its width). ERLTrainer.compute_loss keeps every
+# micro-batch within it, so that retries, whose prompts carry the reflection, stay within
+# the memory budget (pipeline.erl.budget).
 TOKEN_BUDGET_KEY = "erl_tokens_per_forward"
 SCALAR_KEYS = {"num_items_in_batch", TOKEN_BUDGET_KEY}
-
-# Loss types whose normaliser is the global token count `num_items_in_batch` (a micro-batch
-# needs no reweighting), per-row means (weight: share of rows) and local token means
-# (weight: share of loss tokens). TRL 1.15 and Unsloth 2026.10.9 normalise alike.
-GLOBAL_TOKEN_LOSSES = {"dapo", "cispo", "vespo"}
-ROW_MEAN_LOSSES = {"grpo", "sapo", "dr_grpo", "luspo"}
-LOCAL_TOKEN_LOSSES = {"bnpo"}
-
 
 # The parts of a merged batch (`NewRows.parts` labels ERL's rows; GRPO's rows are "first").
 # With ERLConfig.loss_normalization="per_part" each part is normalised over its own tokens.
@@ -173,18 +164,6 @@ def completion_layout(
     return logps.gather(1, columns.clamp(max=logps.size(1) - 1))
 
 
-def loss_token_mask(batch: dict, pad_id: int, unsloth: bool, mask_truncated: bool) -> torch.Tensor:
-    """The completion tokens the base trainer's loss counts: TRL's completion_mask, or, for
-    Unsloth, the non-pad tokens (it rebuilds the mask from the ids) of rows it keeps."""
-    mask = batch["completion_mask"]
-    if not unsloth:
-        return mask
-    rebuilt = (batch["completion_ids"] != pad_id).to(mask.dtype)
-    if mask_truncated:  # Unsloth re-applies the rows TRL emptied for truncation
-        rebuilt = rebuilt * (mask.sum(dim=1, keepdim=True) > 0).to(mask.dtype)
-    return rebuilt
-
-
 def importance_sampling_ratio(
     old: torch.Tensor,
     sampling: torch.Tensor,
@@ -206,161 +185,7 @@ def importance_sampling_ratio(
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
 
-def select_rows(batch: dict, rows: torch.Tensor) -> dict:
-    """The batch restricted to `rows` (a bool mask or indices); scalars are kept."""
-    return {
-        key: value[rows] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
-        for key, value in batch.items()
-    }
-
-
-def row_extents(batch: dict, pad_id: int) -> tuple[list[int], list[int]]:
-    """Per row: its prompt's tokens, and its completion's columns up to the last token that
-    is real by mask or by id (TRL reads the mask, Unsloth the ids)."""
-    prompt = batch["prompt_mask"].sum(dim=1)
-    real = (batch["completion_mask"] > 0) | (batch["completion_ids"] != pad_id)
-    columns = torch.arange(1, real.size(1) + 1, device=real.device)
-    completion = (real * columns).amax(dim=1)
-    return prompt.tolist(), completion.tolist()
-
-
-def plan_micro_batches(batch: dict, pad_id: int, limit: int, budget: int) -> list[list[int]]:
-    """Rows of each micro-batch: at most `limit` rows and at most `budget` padded tokens
-    (rows x (widest prompt + widest completion) of the micro-batch; a wider row goes alone).
-
-    Rows are sorted by length first, so that retries, whose prompts carry the reflection,
-    share micro-batches with each other and first attempts keep GRPO's width."""
-    prompt, completion = row_extents(batch, pad_id)
-    return _pack(
-        _longest_first(prompt, completion),
-        lambda rows: _fits(rows, prompt, completion, limit, budget),
-    )
-
-
-def plan_equal_micro_batches(batch: dict, pad_id: int, rows_each: int) -> list[list[int]]:
-    """Rows sorted by length in consecutive micro-batches of `rows_each` rows (the last one
-    shorter): with several processes, micro-batch i must have as many rows everywhere,
-    because the loss gathers per-row metrics."""
-    order = _longest_first(*row_extents(batch, pad_id))
-    return [order[i : i + rows_each] for i in range(0, len(order), rows_each)]
-
-
-def rows_per_micro_batch(batch: dict, pad_id: int, limit: int, budget: int) -> int:
-    """The most rows (at most `limit`) whose consecutive groups, sorted by length, each fit
-    the budget; 1 if none does."""
-    prompt, completion = row_extents(batch, pad_id)
-    order = _longest_first(prompt, completion)
-    for size in range(min(limit, len(order)), 1, -1):
-        groups = [order[i : i + size] for i in range(0, len(order), size)]
-        if all(_fits(rows, prompt, completion, limit, budget) for rows in groups):
-            return size
-    return 1
-
-
-def _longest_first(prompt: list[int], completion: list[int]) -> list[int]:
-    return sorted(range(len(prompt)), key=lambda row: prompt[row] + completion[row], reverse=True)
-
-
-def _fits(rows: list[int], prompt: list[int], completion: list[int], limit, budget) -> bool:
-    width = max(prompt[r] for r in rows) + max(completion[r] for r in rows)
-    return len(rows) <= limit and len(rows) * width <= budget
-
-
-def _pack(order: list[int], fits) -> list[list[int]]:
-    """Rows in `order`, greedily grouped: a group grows while `fits(group)`; a row that
-    fits nowhere goes alone."""
-    plan, current = [], []
-    for row in order:
-        if current and not fits(current + [row]):
-            plan.append(current)
-            current = []
-        current.append(row)
-    plan.append(current)
-    return plan
-
-
-def plan_generation(prompt_lengths: list[int], new_tokens: int, budget: int) -> list[list[int]]:
-    """Consecutive prompts per generate call: at most `budget` tokens (rows x (longest
-    prompt + new tokens)), the most GRPO's own generation holds; a longer prompt goes alone."""
-    return _pack(
-        list(range(len(prompt_lengths))),
-        lambda rows: len(rows) * (max(prompt_lengths[r] for r in rows) + new_tokens) <= budget,
-    )
-
-
-def split_plan(plan: list[list[int]], count: int) -> list[list[int]]:
-    """`plan` cut into `count` micro-batches by halving the largest ones (every process
-    must call the loss, whose metric gathers are collective, the same number of times)."""
-    plan = [list(rows) for rows in plan]
-    while len(plan) < count:
-        largest = max(range(len(plan)), key=lambda i: len(plan[i]))
-        rows = plan.pop(largest)
-        if len(rows) < 2:
-            raise ValueError(f"cannot cut {sum(map(len, plan)) + 1} rows into {count} parts")
-        plan[largest:largest] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
-    return plan
-
-
-def micro_batch(
-    batch: dict, rows: list[int], pad_id: int, packed: bool, multiple: int | None = None
-) -> dict:
-    """The batch's `rows`, with the padding columns none of them needs cut off (rounded up
-    to `multiple`, the trainer's `pad_to_multiple_of`).
-
-    Per-token tensors in TRL's layout keep their first columns. Unsloth's packed ones
-    (`packed`: old and reference log-probs, width C + M) are cut so that token j of a row
-    still sits in column M' - p' + j for the micro-batch's own widest left padding M'."""
-    index = torch.tensor(rows, device=batch["prompt_ids"].device)
-    part = select_rows(batch, index)
-    prompt, completion = row_extents(part, pad_id)
-    full_prompt, full_completion = part["prompt_ids"].size(1), part["completion_ids"].size(1)
-
-    def rounded(width: int, limit: int) -> int:
-        width = max(width, 1)
-        if multiple:
-            width = math.ceil(width / multiple) * multiple
-        return min(width, limit)
-
-    prompt_width = rounded(max(prompt), full_prompt)
-    completion_width = rounded(max(completion), full_completion)
-    for key in ("prompt_ids", "prompt_mask"):
-        part[key] = part[key][:, full_prompt - prompt_width :]
-    for key in ("completion_ids", "completion_mask"):
-        part[key] = part[key][:, :completion_width]
-    # Packed column of token j: M - (P - length) + j before, M' - (P' - length) + j after,
-    # with M' = P' - shortest prompt: the same shift for every row.
-    left_pad = prompt_width - min(prompt)
-    for key in (
-        "old_per_token_logps",
-        "ref_per_token_logps",
-        "sampling_per_token_logps",
-        "importance_sampling_ratio",
-    ):
-        values = part.get(key)
-        if values is None or values.size(1) == 1:  # absent, or one value per sequence
-            continue
-        if packed and key in ("old_per_token_logps", "ref_per_token_logps"):
-            start = values.size(1) - full_completion - full_prompt + min(prompt)
-            part[key] = values[:, start : start + completion_width + left_pad]
-        else:
-            part[key] = values[:, :completion_width]
-    if "max_left_pad" in part:  # Unsloth: the widest left padding, per row
-        part["max_left_pad"] = torch.full_like(part["max_left_pad"], left_pad)
-    return part
-
-
-def micro_batch_weight(loss_type: str, rows: list[int], token_mask: torch.Tensor) -> float:
-    """The weight that makes the micro-batches' weighted losses add up to the chunk's."""
-    if loss_type in GLOBAL_TOKEN_LOSSES:
-        return 1.0
-    if loss_type in ROW_MEAN_LOSSES:
-        return len(rows) / token_mask.size(0)
-    if loss_type in LOCAL_TOKEN_LOSSES:  # an empty micro-batch's loss is 0 whatever its weight
-        return token_mask[rows].sum().item() / token_mask.sum().clamp(min=1).item() or 1.0
-    raise ValueError(f"ERLTrainer cannot micro-batch loss_type={loss_type!r}")
-
-
-def merge_rows(trainer, output: dict, rows: NewRows) -> dict:
+def merge_rows(trainer, output: dict, rows: NewRows, tokens_per_forward: int) -> dict:
     """Append `rows` to GRPO's batch `output` in the base trainer's layout.
 
     Re-pads, gives the new rows every per-row tensor the batch has, pads the row count to a
@@ -393,8 +218,7 @@ def merge_rows(trainer, output: dict, rows: NewRows) -> dict:
         ),
         "advantages": torch.cat([output["advantages"], new["advantages"]]),
     }
-    width = output["prompt_ids"].size(1) + output["completion_ids"].size(1)
-    merged[TOKEN_BUDGET_KEY] = torch.tensor(trainer.args.per_device_train_batch_size * width)
+    merged[TOKEN_BUDGET_KEY] = torch.tensor(tokens_per_forward)
     before = output["prompt_ids"].size(0)
     inert = torch.zeros(merged["prompt_ids"].size(0), dtype=torch.bool, device=device)
     inert[before:] = ~torch.tensor(rows.valid, dtype=torch.bool, device=device)

@@ -132,6 +132,17 @@ class ERLConfig(GRPOConfig):
             "most lexically similar prompts' reflections (other problems' too)."
         },
     )
+    memory_budget: float = field(
+        default=1.5,
+        metadata={
+            "help": "The most memory a reflection or retry generate call, or a loss forward of "
+            "the merged batch, may take, as a multiple of one loss forward of GRPO's own batch "
+            "(where a GRPO step peaks): loss forwards hold at most this multiple of its padded "
+            "tokens, generate calls at most this multiple of its estimated bytes "
+            "(pipeline/erl/budget.py). Larger: fewer, wider calls. Under vLLM generation is "
+            "one call per phase."
+        },
+    )
     reflection_max_completion_length: int | None = field(
         default=None,
         metadata={
@@ -176,6 +187,8 @@ class ERLConfig(GRPOConfig):
             raise ValueError(
                 f"memory_scope must be one of {list(MEMORY_SCOPES)}, got {self.memory_scope!r}"
             )
+        if not (math.isfinite(self.memory_budget) and self.memory_budget > 0):
+            raise ValueError(f"memory_budget must be a finite number > 0, got {self.memory_budget}")
         if (
             self.reflection_max_completion_length is not None
             and self.reflection_max_completion_length < 1

@@ -56,21 +56,25 @@ from pipeline.erl.batch import (  # noqa: E402
     TOKEN_BUDGET_KEY,
     NewRows,
     completion_layout,
-    loss_token_mask,
     merge_rows,
-    micro_batch,
-    micro_batch_weight,
     normalise_parts,
     pad_rows,
+)
+from pipeline.erl.budget import MemoryModel, plan_generation  # noqa: E402
+from pipeline.erl.config import ERLConfig, reaches_threshold  # noqa: E402
+from pipeline.erl.memory import ReflectionMemory  # noqa: E402
+from pipeline.erl.micro_batches import (  # noqa: E402
+    PartWeights,
+    collapse_metrics,
+    loss_token_mask,
+    micro_batch,
+    part_weights,
     plan_equal_micro_batches,
-    plan_generation,
     plan_micro_batches,
     rows_per_micro_batch,
     select_rows,
     split_plan,
 )
-from pipeline.erl.config import ERLConfig, reaches_threshold  # noqa: E402
-from pipeline.erl.memory import ReflectionMemory  # noqa: E402
 from pipeline.erl.prompts import (  # noqa: E402
     as_completion,
     memory_text,
@@ -127,6 +131,14 @@ class ERLTrainer(GRPOTrainer):
                 raise ValueError(
                     f"ERLTrainer does not support {unsupported}= (multi-turn rollouts)"
                 )
+        if args.top_entropy_quantile < 1.0:
+            # The base takes the quantile over one loss call's tokens; ERL trains a merged
+            # chunk in several calls, so the mask would come from each micro-batch alone.
+            raise ValueError(
+                f"ERLTrainer does not support top_entropy_quantile={args.top_entropy_quantile} "
+                "(< 1): a merged chunk is trained in micro-batches, and the entropy quantile "
+                "would be taken per micro-batch instead of over the chunk; use 1.0"
+            )
         if unsloth_trainer_active():
             if isinstance(model, str):
                 raise TypeError(
@@ -156,6 +168,12 @@ class ERLTrainer(GRPOTrainer):
         add_mode_switches(self.model)
         self.feedback_func = feedback_func
         self.memory = ReflectionMemory(args.memory_size if args.enable_memory else 0)
+        self._memory_model = MemoryModel.of(
+            self.model.config.get_text_config(),
+            dtype_bytes=2 if args.bf16 or args.fp16 else _float_bytes(self.model),
+            gradient_checkpointing=args.gradient_checkpointing,
+        )
+        self._generate_calls = 0  # reflection and retry generate calls since the last log
         self._first_attempt: tuple | None = None
         # Bounded: only a consumer such as the curriculum callback empties it.
         self._first_attempt_log: deque[tuple[float, dict]] = deque(
@@ -199,6 +217,12 @@ class ERLTrainer(GRPOTrainer):
         num_gated = self.accelerator.gather(torch.tensor([len(gated)], device=r1.device))
         metrics["erl/gated_fraction"].append(num_gated.sum().item() / all_r1.numel())
         if num_gated.max().item() > 0:
+            # The memory budget: a multiple of one forward of GRPO's own batch (its rows at
+            # per_device_train_batch_size, at its width), which is where a GRPO step peaks.
+            width = output["prompt_ids"].size(1) + output["completion_ids"].size(1)
+            tokens_per_forward = int(
+                self.args.memory_budget * self.args.per_device_train_batch_size * width
+            )
             new_rows = self._experience(
                 rows,
                 prompts,
@@ -207,11 +231,10 @@ class ERLTrainer(GRPOTrainer):
                 r1,
                 gated,
                 pad_to=int(num_gated.max().item()),
-                generation_budget=len(rows)
-                * (output["prompt_ids"].size(1) + self.args.max_completion_length),
+                generation_budget=self._memory_model.loss_forward(tokens_per_forward),
             )
             first_rows = output["prompt_ids"].size(0)
-            output = merge_rows(self, output, new_rows)
+            output = merge_rows(self, output, new_rows, tokens_per_forward)
             if self.args.loss_normalization == "per_part":
                 tokens = normalise_parts(output, first_rows, new_rows, self.accelerator.gather)
                 for part, count in tokens.items():
@@ -219,6 +242,8 @@ class ERLTrainer(GRPOTrainer):
         else:
             metrics["erl/internalization_rows"].append(0.0)
         metrics["erl/memory_size"].append(float(len(self.memory)))
+        metrics["erl/generate_calls"].append(float(self._generate_calls))
+        self._generate_calls = 0
         return output
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -238,7 +263,7 @@ class ERLTrainer(GRPOTrainer):
         self, rows, prompts, completions, completion_ids, r1, gated, pad_to, generation_budget
     ) -> NewRows:
         """Phases 1-7 for the gated rows; returns the reflection, retry and internalization
-        rows. `generation_budget`: the tokens GRPO's own generate call held."""
+        rows. `generation_budget`: the bytes a reflection or retry generate call may hold."""
         valid = [True] * len(gated) + [False] * (pad_to - len(gated))
         # Every process must score the same number of rows (the reward gather needs it):
         # pad with copies of a real row that are masked out of the loss.
@@ -500,22 +525,24 @@ class ERLTrainer(GRPOTrainer):
 
     # Generation ------------------------------------------------------------------------
 
-    def _generate_rows(self, prompts: list, max_new_tokens: int, budget: int):
+    def _generate_rows(self, prompts: list, max_new_tokens: int, budget: float):
         """One sample per prompt through the trainer's own generation path (vLLM/Unsloth fast
         generation included); returns prompt ids, completion ids, decoded texts and the
         sampler's per-token log-probs (vLLM's; None per row where the path reports none).
 
-        Reflection and retry prompts are longer than the task's, so without vLLM (which
-        manages its own cache) they are generated in calls of at most `budget` tokens, the
-        most GRPO's own generate call held."""
+        Without vLLM (which manages its own cache) the prompts are generated in calls of at
+        most `budget` bytes (`pipeline.erl.budget`: the memory budget)."""
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
         if self.use_vllm:
             plan = [list(range(len(prompt_ids)))]
         else:
-            plan = plan_generation([len(p) for p in prompt_ids], max_new_tokens, budget)
+            plan = plan_generation(
+                [len(p) for p in prompt_ids], max_new_tokens, self._memory_model, budget
+            )
             if self.accelerator.num_processes > 1:  # ZeRO-3 gathers weights per call
                 count = self.accelerator.gather(torch.tensor([len(plan)], device=self.model.device))
                 plan = split_plan(plan, int(count.max()))
+        self._generate_calls += len(plan)
         completion_ids, logprobs = [], []
         with self._generation_length(max_new_tokens):
             for rows in plan:
@@ -547,10 +574,15 @@ class ERLTrainer(GRPOTrainer):
     # Training on the merged batch ------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The base trainer's loss, leaving out ERL's inert rows, in micro-batches (a merged
-        chunk holds up to ~4x GRPO's rows, and retries have longer prompts) of at most
-        `per_device_train_batch_size` rows and GRPO's padded tokens per forward, whose
-        weighted losses add up to the loss of the whole chunk, so the gradient is the same."""
+        """The base trainer's loss, leaving out ERL's inert rows, in micro-batches of at most
+        the padded tokens the memory budget allows (a merged chunk holds up to ~4x GRPO's
+        rows, and retries have longer prompts), each followed by its backward.
+
+        Every term of the base's loss is counted once for the chunk, as one forward would
+        count it (`pipeline.erl.micro_batches`): policy and KL through the advantages and
+        beta, the entropy bonus through entropy_coef, the MoE router loss through its
+        coefficient; the adaptive entropy controller steps once per optimizer step, and the
+        logged metrics get one value per chunk."""
         inert = inputs.get(INERT_KEY)
         if inert is None:  # GRPO's own batch (gate closed, evaluation): untouched
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -560,59 +592,104 @@ class ERLTrainer(GRPOTrainer):
         # the same number of rows through the loss, whose metric gathers are collective.
         if not inert.all() and self.accelerator.num_processes == 1:
             inputs = select_rows(inputs, ~inert)  # an all-inert chunk has a zero loss as it is
-        pad_id, limit = self._tokenizer.pad_token_id, self.args.per_device_train_batch_size
+        pad_id = self._tokenizer.pad_token_id
         if self.accelerator.num_processes == 1:
-            plan = plan_micro_batches(inputs, pad_id, limit, budget)
+            plan = plan_micro_batches(inputs, pad_id, budget)
         else:  # the loss's metric gathers need equal micro-batches on every process
-            size = rows_per_micro_batch(inputs, pad_id, limit, budget)
+            size = rows_per_micro_batch(inputs, pad_id, budget)
             size = self.accelerator.gather(torch.tensor([size], device=inert.device)).min()
             plan = plan_equal_micro_batches(inputs, pad_id, int(size))
-        if len(plan) == 1:
-            parts = [(inputs, 1.0)]
-        else:
-            token_mask = loss_token_mask(
-                inputs,
-                pad_id,
-                unsloth=unsloth_trainer_active(),
-                mask_truncated=bool(self.mask_truncated_completions),
+        if len(plan) == 1:  # one forward: the base's loss as it is
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+        unsloth = unsloth_trainer_active()
+        token_mask = loss_token_mask(
+            inputs, pad_id, unsloth=unsloth, mask_truncated=bool(self.mask_truncated_completions)
+        )
+        weights = part_weights(self.args.loss_type, plan, inputs, token_mask)
+        parts = [
+            micro_batch(inputs, rows, pad_id, unsloth, self.pad_to_multiple_of) for rows in plan
+        ]
+        # Each micro-batch's loss tokens and rows over every process, for the metric means.
+        counts = torch.tensor(
+            [[float(token_mask[rows].sum()), float(len(rows))] for rows in plan],
+            device=token_mask.device,
+        )
+        counts = self.accelerator.reduce(counts, reduction="sum")
+        mode = "train" if self.model.training else "eval"
+        metrics = self._metrics[mode]
+        before = {key: len(values) for key, values in metrics.items()}
+        # No base call (and no backward of ERL's) runs at the accumulation boundary: TRL's
+        # adaptive entropy controller would step once per call there (it steps once below),
+        # and under DeepSpeed a backward there steps the optimizer.
+        sync, self.accelerator.sync_gradients = self.accelerator.sync_gradients, False
+        try:
+            done = None
+            for part, weight in zip(parts[:-1], weights[:-1]):
+                loss = self._weighted_loss(model, part, weight, return_outputs, num_items_in_batch)
+                # What Trainer.training_step does with the returned loss, for the parts it never sees.
+                with self.accelerator.no_sync(model):
+                    self.accelerator.backward(loss * self._returned_loss_scale(num_items_in_batch))
+                done = loss.detach() if done is None else done + loss.detach()
+            loss = self._weighted_loss(
+                model, parts[-1], weights[-1], return_outputs, num_items_in_batch
             )
-            parts = [
-                (
-                    micro_batch(
-                        inputs, rows, pad_id, unsloth_trainer_active(), self.pad_to_multiple_of
-                    ),
-                    micro_batch_weight(self.args.loss_type, rows, token_mask),
-                )
-                for rows in plan
-            ]
-        done = None
-        for part, weight in parts[:-1]:
-            loss = self._weighted_loss(model, part, weight, return_outputs, num_items_in_batch)
-            # What Trainer.training_step does with the returned loss, for the parts it never sees.
-            with self.accelerator.no_sync(model):
-                self.accelerator.backward(loss * self._returned_loss_scale(num_items_in_batch))
-            done = loss.detach() if done is None else done + loss.detach()
-        part, weight = parts[-1]
-        loss = self._weighted_loss(model, part, weight, return_outputs, num_items_in_batch)
-        return loss if done is None else loss + done
+        finally:
+            self.accelerator.sync_gradients = sync
+        collapse_metrics(
+            metrics,
+            before,
+            weights,
+            tokens=counts[:, 0].tolist(),
+            rows=counts[:, 1].tolist(),
+            unsloth=unsloth,
+            sequence_level=self.importance_sampling_level == "sequence",
+        )
+        # Unsloth's loss has no adaptive control and logs no entropy_coef.
+        if sync and mode == "train" and not unsloth and self._entropy_bonus_enabled:
+            if self.use_adaptive_entropy:
+                self._adaptive_entropy_step()
+            metrics["entropy_coef"].append(self.entropy_coef)  # TRL logs it at the boundary
+        return loss + done
 
-    def _weighted_loss(self, model, part, weight, return_outputs, num_items_in_batch):
-        """`weight` x the base loss of `part`, applied to the advantages and to beta.
+    def _weighted_loss(self, model, part, weight: PartWeights, return_outputs, num_items_in_batch):
+        """The base loss of micro-batch `part`, each term weighted by its share of the chunk.
 
-        Multiplying the returned loss would not do: Unsloth's loss function hands autograd
-        gradients it computed in its forward and ignores the upstream gradient in its
-        backward, so a scaled loss kept its unscaled gradient (BNPO's parts came out 4x).
-        Every supported loss is linear in (advantages, beta) for a positive weight: the
-        clipped surrogate, the KL term and the normalisers; clipping and masks read only the
-        advantages' sign."""
-        if weight == 1.0:
-            return super().compute_loss(model, part, return_outputs, num_items_in_batch)
-        part = {**part, "advantages": part["advantages"] * weight}
-        beta, self.beta = self.beta, self.beta * weight  # both bases read trainer.beta
+        The weights go into what the base reads at call time (advantages, beta, entropy_coef,
+        router_aux_loss_coef), not onto the returned loss: Unsloth's loss functions hand
+        autograd gradients computed in their forward and ignore the upstream gradient in
+        their backward, so a scaled loss kept its unscaled gradient. Every supported loss
+        is linear in (advantages, beta) for a positive weight: the clipped surrogate, the
+        KL term and the normalisers; clipping and masks read only the advantages' sign."""
+        saved = self.beta, self.entropy_coef, self.router_aux_loss_coef
+        part = {**part, "advantages": part["advantages"] * weight.policy}
+        self.beta = self.beta * weight.policy
+        self.entropy_coef = self.entropy_coef * weight.entropy
+        self.router_aux_loss_coef = self.router_aux_loss_coef * weight.aux
         try:
             return super().compute_loss(model, part, return_outputs, num_items_in_batch)
         finally:
-            self.beta = beta
+            self.beta, self.entropy_coef, self.router_aux_loss_coef = saved
+
+    def _adaptive_entropy_step(self) -> None:
+        """TRL 1.15's adaptive entropy controller step (the end of GRPOTrainer._compute_loss),
+        once per optimizer step, on the entropy of the whole accumulation window: every
+        micro-batch added its sums to the window, since none ran at the boundary."""
+        if self._entropy_window_stats is None:
+            return
+        window = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+        world_entropy = (window[0] / window[1].clamp(min=1.0)).item()
+        args = self.args
+        if world_entropy <= args.entropy_target:
+            self.entropy_coef = min(
+                self.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max
+            )
+        else:
+            self.entropy_coef = max(
+                self.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min
+            )
+        self._last_world_entropy = world_entropy
+        self._entropy_window_stats = None
 
     def _returned_loss_scale(self, num_items_in_batch) -> float:
         """The factor Trainer.training_step (transformers 5.17, and Unsloth's rewrite of it)
@@ -626,13 +703,13 @@ class ERLTrainer(GRPOTrainer):
     @torch.no_grad()
     def _logps(self, model, batch: dict) -> torch.Tensor:
         """Per-token log-probs of the completions, in forwards of at most
-        `per_device_train_batch_size` rows and, for a merged batch, of at most the padded
-        tokens of one GRPO forward."""
+        `per_device_train_batch_size` rows, and for a merged batch of at most the padded
+        tokens the memory budget allows a loss forward."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         rows = self.args.per_device_train_batch_size
         if TOKEN_BUDGET_KEY in batch:
-            rows = max(1, min(rows, int(batch[TOKEN_BUDGET_KEY]) // input_ids.size(1)))
+            rows = max(1, int(batch[TOKEN_BUDGET_KEY]) // input_ids.size(1))
         logps, _, _ = self._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, batch["completion_ids"].size(1), batch_size=rows
         )
@@ -691,3 +768,9 @@ def _retry_advantages(
         for j, a in zip(rows, centred.tolist()):
             advantages[j] = a
     return advantages
+
+
+def _float_bytes(model) -> int:
+    """Bytes of the model's floating-point values (a 4-bit model computes in its compute dtype)."""
+    dtype = next((p.dtype for p in model.parameters() if p.dtype.is_floating_point), torch.float32)
+    return torch.finfo(dtype).bits // 8

@@ -47,7 +47,7 @@ _EXTRA_TEXT = (
 )
 
 
-def _default_corpus() -> list[str]:
+def default_corpus() -> list[str]:
     """Chat-formatted arithmetic problems with their solutions, at every level."""
     from curriculum.tasks import get_task
 
@@ -119,7 +119,7 @@ def build_tiny_model(
         )
 
     tokenizer = build_tokenizer(
-        corpus if corpus is not None else _default_corpus(),
+        corpus if corpus is not None else default_corpus(),
         size.get("vocab_size", DEFAULT_SIZE["vocab_size"]),
     )
     config = LlamaConfig(
