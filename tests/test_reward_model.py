@@ -94,8 +94,9 @@ def rated_pairs(path: Path, n: int = 1800) -> Path:
     return path
 
 
-def train_reward_model(pairs: Path, base: str, output: Path) -> str:
-    """Step 2, train: the command line, as a user runs it; returns its last line."""
+def train_reward_model(pairs: Path, base: str, output: Path, *extra: str) -> str:
+    """Step 2, train: the command line, as a user runs it (`extra` options after the
+    settings here, which they override); returns its last line."""
     import contextlib
     import io
 
@@ -107,17 +108,19 @@ def train_reward_model(pairs: Path, base: str, output: Path) -> str:
                 str(pairs),
                 "--base",
                 base,
-                "--output",
+                "--output_dir",
                 str(output),
-                "--epochs",
+                "--num_train_epochs",
                 "12",
                 "--learning_rate",
                 "3e-3",
-                "--batch_size",
+                "--per_device_train_batch_size",
                 "64",
                 "--heldout_fraction",
                 "0.2",
-                "--quiet",
+                "--disable_tqdm",
+                "true",
+                *extra,
             ]
         )
     assert code == 0
