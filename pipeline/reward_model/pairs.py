@@ -36,8 +36,6 @@ from pipeline.reward_model.formats import (
 )
 from rewards.pairwise import prompt_key
 
-__all__ = ["Pair", "pairs_from_run", "read_dataset", "read_pairs", "split_by_prompt"]
-
 RATING_FIELD = "rating"
 """A person's score for a record of generations.jsonl (any numeric scale, higher is better)."""
 
