@@ -1,7 +1,7 @@
 """The layering, read from the imports: every import points down, and none goes in a circle.
 
     curriculum  <-  rewards  <-  pipeline
-    inside pipeline:  layout, models  <-  erl  <-  evaluate  <-  reward_model  <-  run
+    inside pipeline:  layout, models, options  <-  erl  <-  evaluate  <-  reward_model  <-  run
 
 A module may import its own unit and the units below it, never one above or beside it;
 the algorithm (`pipeline.erl`) never imports the run. Imports inside functions count too:
@@ -23,6 +23,7 @@ LAYERS = {
     "rewards": 1,
     "pipeline.layout": 2,
     "pipeline.models": 2,
+    "pipeline.options": 2,
     "pipeline.erl": 3,
     "pipeline.evaluate": 4,
     "pipeline.reward_model": 5,

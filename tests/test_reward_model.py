@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,8 +95,9 @@ def rated_pairs(path: Path, n: int = 1800) -> Path:
     return path
 
 
-def train_reward_model(pairs: Path, base: str, output: Path) -> str:
-    """Step 2, train: the command line, as a user runs it; returns its last line."""
+def train_reward_model(pairs: Path, base: str, output: Path, *extra: str) -> str:
+    """Step 2, train: the command line, as a user runs it (`extra` options after the
+    settings here, which they override); returns its last line."""
     import contextlib
     import io
 
@@ -107,17 +109,19 @@ def train_reward_model(pairs: Path, base: str, output: Path) -> str:
                 str(pairs),
                 "--base",
                 base,
-                "--output",
+                "--output_dir",
                 str(output),
-                "--epochs",
+                "--num_train_epochs",
                 "12",
                 "--learning_rate",
                 "3e-3",
-                "--batch_size",
+                "--per_device_train_batch_size",
                 "64",
                 "--heldout_fraction",
                 "0.2",
-                "--quiet",
+                "--disable_tqdm",
+                "true",
+                *extra,
             ]
         )
     assert code == 0
@@ -153,6 +157,64 @@ def test_a_reward_model_learns_to_prefer_correct_sums(reward_model):
     high = sum(model.normalise(c)[0] for c in chosen) / len(sums)
     low = sum(model.normalise(r)[0] for r in rejected) / len(sums)
     assert high > 0.7 and low < 0.5
+
+
+WELL_FORMED = re.compile(r"<answer>\d+</answer>")
+FORMATS = [
+    "standard",
+    "standard, implicit prompt",
+    "conversational",
+    "conversational, implicit prompt",
+    "conversational, with margins",
+]
+
+
+def in_format(pair: dict, name: str, tokenizer) -> dict | None:
+    """A pair of `rated_pairs` (system and user messages, text replies) in one of TRL's
+    preference formats; None where the format cannot hold it. The standard (text) ones are
+    TRL's own conversion, `trl.apply_chat_template`: the chat-formatted text."""
+    from trl import apply_chat_template
+
+    def said(reply: str) -> list[dict]:
+        return [{"role": "assistant", "content": reply}]
+
+    prompt, chosen, rejected = pair["prompt"], said(pair["chosen"]), said(pair["rejected"])
+    explicit = {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+    if name == "standard":
+        return apply_chat_template(explicit, tokenizer)
+    if name == "standard, implicit prompt":
+        text = apply_chat_template(explicit, tokenizer)
+        a, b = text["chosen"], text["rejected"]
+        if a.startswith(b) or b.startswith(a):
+            return None  # a reply that starts the other would be all prompt: refused
+        return {"chosen": text["prompt"] + a, "rejected": text["prompt"] + b}
+    if name == "conversational":
+        return explicit
+    if name == "conversational, implicit prompt":
+        return {"chosen": prompt + chosen, "rejected": prompt + rejected}
+    # With margins: a wrong sum by 1, a malformed reply by 2 (used with --margin true).
+    return {**explicit, "margin": 1.0 if WELL_FORMED.fullmatch(pair["rejected"]) else 2.0}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_each_trl_preference_format_trains_a_reward_model(models, tmp_path, name):
+    """The made-up pairs, converted to each of TRL's preference formats, train a reward
+    model that ranks the replies to held-out prompts (on a third of `reward_model`'s
+    prompts, for time)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(models["base"])
+    rated = [json.loads(line) for line in rated_pairs(tmp_path / "rated.jsonl", 600).open()]
+    records = [r for r in (in_format(pair, name, tokenizer) for pair in rated) if r is not None]
+    assert len(records) == len(rated)  # every pair fits every format
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in records))
+    margin = ["--margin", "true"] if "margins" in name else []
+    fast = ["--gradient_checkpointing", "false"]  # a tiny model: nothing to save, time to win
+    last = train_reward_model(pairs, models["base"], tmp_path / "rm", *fast, *margin)
+    assert last.startswith("heldout_pair_accuracy: ") and float(last.split(": ")[1]) >= 0.9
+    info = json.loads((tmp_path / "rm" / "reward_model.json").read_text())
+    assert info["margin"] is bool(margin) and info["heldout_pairs"] > 100
 
 
 def test_the_curriculum_trains_on_the_learned_model_alone(models, reward_model, tmp_path):

@@ -9,7 +9,13 @@ import pytest
 
 import rewards.pairwise
 from pipeline.reward_model.cli import main
-from pipeline.reward_model.pairs import pairs_from_run, read_pairs, split_by_prompt
+from pipeline.reward_model.pairs import (
+    pairs_from_records,
+    pairs_from_run,
+    read_dataset,
+    read_pairs,
+    split_by_prompt,
+)
 from pipeline.reward_model.signals import check_preference_function_specs, check_reward_model_specs
 from rewards.pairwise import load_preference_function, win_rates
 
@@ -71,7 +77,7 @@ def test_the_command_line_reports_the_bad_line_and_trains_nothing(tmp_path, caps
     path = write_lines(
         tmp_path / "pairs.jsonl", ['{"prompt": "q", "chosen": "a", "rejected": "b"}', "{oops"]
     )
-    code = main(["--pairs", str(path), "--base", "unused", "--output", str(tmp_path / "rm")])
+    code = main(["--pairs", str(path), "--base", "unused", "--output_dir", str(tmp_path / "rm")])
     assert code == 2
     assert f"error: {path}, line 2: not valid JSON" in capsys.readouterr().err
     assert not (tmp_path / "rm").exists()
@@ -185,3 +191,175 @@ def test_the_run_config_checks_the_new_options():
     assert run.reward_models["rm"]["weight"] == 0.5 and run.preference_functions == {}
     with pytest.raises(ValueError, match="reward_models.rm: unknown key"):
         RunConfig(reward_models={"rm": {"path": "p", "scale": 2}}).validate()
+
+
+# ---- TRL's preference formats -----------------------------------------------------------
+
+USER = [{"role": "user", "content": "2+3"}]
+
+
+def said(text, role="assistant"):
+    return [{"role": role, "content": text}]
+
+
+# name -> (record, the pair read from it: prompt, chosen, rejected)
+FORMATS = {
+    "standard": ({"prompt": "2+3 =", "chosen": " 5", "rejected": " 6"}, ("2+3 =", " 5", " 6")),
+    # TRL's extract_prompt: the longest common prefix, less a space before the difference.
+    "standard, implicit prompt": (
+        {"chosen": "2+3 = 5", "rejected": "2+3 = 6"},
+        ("2+3 =", " 5", " 6"),
+    ),
+    "conversational": (
+        {"prompt": USER, "chosen": said("5"), "rejected": said("6")},
+        (USER, said("5"), said("6")),
+    ),
+    "conversational, implicit prompt": (
+        {"chosen": USER + said("5"), "rejected": USER + said("6")},
+        (USER, said("5"), said("6")),
+    ),
+    # Some TRL datasets keep a text prompt beside conversational pairs: the shared part wins.
+    "conversational, implicit, with a text prompt": (
+        {"prompt": "2+3", "chosen": USER + said("5"), "rejected": USER + said("6")},
+        (USER, said("5"), said("6")),
+    ),
+    "messages prompt, text replies": (
+        {"prompt": USER, "chosen": "5", "rejected": "6"},
+        (USER, "5", "6"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_trl_preference_format_is_read(tmp_path, name):
+    record, expected = FORMATS[name]
+    lines = [record, {**record, "margin": 0.5}]
+    plain, weighted = read_pairs(write_lines(tmp_path / "pairs.jsonl", lines))
+    assert (plain.prompt, plain.chosen, plain.rejected) == expected
+    assert (plain.margin, weighted.margin) == (0.0, 0.5)
+
+
+def test_the_implicit_prompt_is_the_one_trl_extracts():
+    from pipeline.models.backend import activate_backend
+
+    activate_backend()  # before trl
+    from trl import maybe_extract_prompt
+
+    from pipeline.reward_model.formats import read_pair
+
+    more = [
+        {"chosen": "The sky is blue.", "rejected": "The sky is green."},
+        {"chosen": "Q: 12+3\nA: 15", "rejected": "Q: 12+3\nA: 16"},
+        {
+            "chosen": USER + said("5") + USER + said("7"),
+            "rejected": USER + said("5") + USER + said("8"),
+        },
+    ]
+    for record in [r for r, _ in FORMATS.values() if "prompt" not in r] + more:
+        pair, trl = read_pair("x", record), maybe_extract_prompt(record)
+        assert (pair.prompt, pair.chosen, pair.rejected) == (
+            trl["prompt"],
+            trl["chosen"],
+            trl["rejected"],
+        )
+
+
+def test_ratings_take_message_replies():
+    records = [
+        ("a", {"prompt": USER, "completion": said("5"), "score": 1}),
+        ("b", {"prompt": USER, "completion": "6", "score": 0}),
+    ]
+    [pair] = pairs_from_records(records, "x")
+    assert (pair.chosen, pair.rejected, pair.margin) == (said("5"), "6", 1.0)
+
+
+# One malformed record of each format, and the error that names what is wrong with it.
+MALFORMED = [
+    ({"prompt": "q", "chosen": 5, "rejected": "b"}, "'chosen' must be a string or a list of {role, content} messages, got int"),
+    ({"prompt": "q", "chosen": "a"}, "missing ['rejected']"),
+    ({"chosen": "a", "rejected": "b", "margin": "big"}, "'margin' must be a finite number, got 'big'"),
+    ({"prompt": "q", "chosen": "a", "rejected": "b", "margin": float("nan")}, "'margin' must be a finite number, got nan"),
+    ({"chosen": "yes", "rejected": "no"}, "no 'prompt', and 'chosen' and 'rejected' share no leading text"),
+    ({"chosen": "q a", "rejected": "q a"}, "'chosen' and 'rejected' are the same"),
+    ({"chosen": "q a", "rejected": "q ab"}, "all of 'chosen' is the start of the other reply: nothing of it is left"),
+    ({"prompt": USER, "chosen": [{"role": "assistant"}], "rejected": said("6")}, "'chosen' must be a string or a list of {role, content} messages; its message 0 is {'role': 'assistant'}"),
+    ({"prompt": USER, "chosen": said("5"), "rejected": "6"}, "'chosen' is a list of messages but 'rejected' is text: a pair's two replies take the same form"),
+    ({"prompt": USER, "chosen": said("5"), "rejected": []}, "'rejected' holds no message"),
+    ({"prompt": USER, "chosen": said("5"), "rejected": said("6", "user")}, "'rejected' message 0 has role 'user': a reply holds assistant messages only"),
+    ({"chosen": USER + said("5"), "rejected": said("2+4", "user") + said("6")}, "no 'prompt', and 'chosen' and 'rejected' share no leading message"),
+    ({"chosen": USER + said("5"), "rejected": USER}, "all of 'rejected' is the start of the other reply"),
+    ({"chosen": USER + said("5"), "rejected": USER + said("2+4", "user")}, "'rejected' message 1 has role 'user' (after the 1 messages both replies share)"),
+    ({"prompt": "2+3", "chosen": said("5"), "rejected": said("6")}, "'prompt' is text beside messages (TRL then reads the prompt from the replies), and 'chosen' and 'rejected' share no leading message"),
+    ({"prompt": USER, "completion": said("5", "user"), "score": 1}, "'completion' message 0 has role 'user'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("record, message", MALFORMED)
+def test_a_malformed_record_of_each_format_is_named(tmp_path, record, message):
+    good = json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"})
+    path = write_lines(tmp_path / "pairs.jsonl", [good, good, json.dumps(record)])
+    with pytest.raises(ValueError) as err:
+        read_pairs(path)
+    assert str(err.value).startswith(f"{path}, line 3: ") and message in str(err.value)
+
+
+# ---- --dataset_name: the same records from a `datasets` dataset ------------------------
+
+
+def test_a_dataset_reads_like_its_jsonl(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    records = [
+        {"prompt": USER, "chosen": said(f"{i}"), "rejected": said("no"), "margin": float(i)}
+        for i in range(5)
+    ]
+    expected = read_pairs(write_lines(tmp_path / "pairs.jsonl", records))
+    dataset = Dataset.from_list(records)
+    dataset.save_to_disk(tmp_path / "saved")
+    DatasetDict({"train": dataset.select(range(2)), "extra": dataset}).save_to_disk(
+        tmp_path / "dict"
+    )
+    dataset.to_parquet(tmp_path / "pairs.parquet")
+    for name in ("saved", "pairs.parquet", "pairs.jsonl"):
+        assert read_dataset(str(tmp_path / name)) == expected
+    assert read_dataset(str(tmp_path / "dict")) == expected[:2]
+    assert read_dataset(str(tmp_path / "dict"), split="extra") == expected
+    with pytest.raises(
+        ValueError, match=r"cannot load it: no split 'test'; its splits: \['extra', 'train'\]"
+    ):
+        read_dataset(str(tmp_path / "dict"), split="test")
+
+
+def test_a_bad_row_of_a_dataset_is_named_by_its_index(tmp_path):
+    from datasets import Dataset
+
+    rows = [{"chosen": f"2+3 = {i}", "rejected": "2+3 = 9", "margin": 1.0} for i in range(4)]
+    rows[2]["chosen"] = "no idea"
+    rows[3]["margin"] = None  # a gap in a column: the key is absent, as in a JSONL record
+    Dataset.from_list(rows).to_parquet(tmp_path / "pairs.parquet")
+    name = str(tmp_path / "pairs.parquet")
+    with pytest.raises(ValueError) as err:
+        read_dataset(name)
+    assert str(err.value).startswith(
+        f"{name}, row 2: no 'prompt', and 'chosen' and 'rejected' share no leading text"
+    )
+    rows[2]["chosen"], rows[1]["rejected"] = "2+3 = 5", None
+    Dataset.from_list(rows).save_to_disk(tmp_path / "saved")
+    with pytest.raises(ValueError, match=r"saved, row 1: missing \['rejected'\]"):
+        read_dataset(str(tmp_path / "saved"))
+
+
+def test_a_hub_dataset_that_cannot_be_reached_fails_clearly(tmp_path, monkeypatch, capsys):
+    import datasets.config
+    import huggingface_hub.constants
+
+    # As on a machine without a network, without the retries' half a minute of waiting.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    argv = ["--dataset_name", "trl-lib/ultrafeedback_binarized", "--base", "unused"]
+    assert main([*argv, "--output_dir", str(tmp_path / "rm")]) == 2
+    err = capsys.readouterr().err
+    assert "error: --dataset_name trl-lib/ultrafeedback_binarized: cannot load it: " in err
+    assert "Couldn't reach 'trl-lib/ultrafeedback_binarized' on the Hub" in err
+    assert "a folder saved with save_to_disk, a .parquet/.json/.jsonl/.csv file" in err
+    assert not (tmp_path / "rm").exists()

@@ -140,6 +140,9 @@ def test_a_lora_reward_model_trains_saves_and_scores(tiny_model_dir, tmp_path):
     from pipeline.models.backend import activate_backend
 
     activate_backend()
+    from trl import RewardConfig
+
+    from pipeline.reward_model.config import RewardModelArguments, project_defaults
     from pipeline.reward_model.pairs import Pair
     from pipeline.reward_model.train import train_reward_model
 
@@ -149,14 +152,15 @@ def test_a_lora_reward_model_trains_saves_and_scores(tiny_model_dir, tmp_path):
     ]
     summary = train_reward_model(
         pairs,
-        tiny_model_dir,
-        str(tmp_path / "rm"),
-        use_lora=True,
-        lora_r=4,
-        epochs=1,
-        batch_size=4,
-        heldout_fraction=0.2,
-        progress=False,
+        RewardModelArguments(base=tiny_model_dir, use_lora=True, lora_r=4, heldout_fraction=0.2),
+        RewardConfig(
+            **{
+                **project_defaults(),
+                "output_dir": str(tmp_path / "rm"),
+                "per_device_train_batch_size": 4,
+                "disable_tqdm": True,
+            }
+        ),
     )
     assert (tmp_path / "rm" / "adapter_config.json").exists() and summary["heldout_pairs"] == 2
     model = RewardModel(str(tmp_path / "rm"))

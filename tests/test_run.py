@@ -69,6 +69,7 @@ def run_args(tiny_model_dir, output_dir, *extra):
     "extra, message",
     [
         (["--promote_treshold", "0.5"], "promote_treshold"),
+        (["--promote_thresh", "0.5"], "unknown option(s): --promote_thresh"),  # no abbreviations
         (["--prompts_per_stage", "0"], "prompts_per_stage must be >= 1, got 0"),
         (["--reward_signals", "{not json"], "reward_signals must be a JSON object"),
         (["--max_steps", "10"], "use max_stage_steps"),

@@ -2,7 +2,7 @@
 
     python -m pipeline.reward_model.collect --model runs/tiny/warmup --task arithmetic --level 1 \\
         --prompts 400 --samples 8 --output ratings.jsonl
-    python -m pipeline.reward_model --pairs ratings.jsonl --base <model> --output runs/rm
+    python -m pipeline.reward_model --pairs ratings.jsonl --base <model> --output_dir runs/rm
 
 A reward model only helps RL if it ranks the replies the policy actually writes: one
 trained on made-up pairs (the right sum against a random wrong one) ranked the tiny

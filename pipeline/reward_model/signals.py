@@ -201,21 +201,29 @@ class RewardModel:
 def encode_pair(
     tokenizer, prompt: Any, completion: Any, max_length: int | None = None
 ) -> list[int]:
-    """Token ids of a prompt and its completion through the chat template (or plain text + eos).
+    """Token ids of a prompt and its completion, as TRL's RewardTrainer would build them.
 
     Training (`pipeline.reward_model`) and scoring share this, so the model scores the
-    same text it learned from. Too long: the start is cut, the completion's end is kept.
+    same text it learned from. Conversational (the prompt or the completion is messages):
+    through the chat template, a text completion being one assistant message, so `"5"` and
+    `[{"role": "assistant", "content": "5"}]` (a TRL conversational reply, or a run's
+    completion) are the same ids. Text prompt and text completion (TRL's standard format,
+    and how GRPO feeds a text prompt to the policy): prompt + completion + eos, so where
+    an implicit prompt ends does not change the ids. Too long: the start is cut, the
+    completion's end is kept.
     """
-    text = completion_text(completion)
-    if tokenizer.chat_template:
-        messages = (
-            [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    eos = tokenizer.eos_token or ""
+    if tokenizer.chat_template and not (isinstance(prompt, str) and isinstance(completion, str)):
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        reply = (
+            [{"role": "assistant", "content": completion}]
+            if isinstance(completion, str)
+            else completion
         )
-        full = tokenizer.apply_chat_template(
-            messages + [{"role": "assistant", "content": text}], tokenize=False
-        )
+        full = tokenizer.apply_chat_template([*messages, *reply], tokenize=False)
     else:
-        full = completion_text(prompt) + text + (tokenizer.eos_token or "")
+        full = completion_text(prompt) + completion_text(completion)
+        full += "" if full.endswith(eos) else eos  # TRL adds eos unless the text ends with it
     ids = tokenizer(full, add_special_tokens=False)["input_ids"]
     return ids[-max_length:] if max_length else ids
 

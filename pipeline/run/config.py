@@ -25,6 +25,7 @@ from curriculum.controller import CurriculumConfig
 from pipeline.layout import RunLayout
 from pipeline.models.backend import BACKEND_ENV, activate_backend, resolve_backend
 from pipeline.models.loading import ModelConfig
+from pipeline.options import parse_options
 from pipeline.run.distributed import backend_for_processes, launched_processes
 
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
@@ -284,24 +285,13 @@ def parse_run_config(argv: list[str]):
 
     Call after `activate_backend` (or `choose_backend`): this imports trl.
     """
-    argv = with_default_recipe(argv)
-    from trl import TrlParser
-
     from pipeline.erl.config import ERLConfig
 
-    parser = TrlParser((RunConfig, ModelConfig, CurriculumConfig, ERLConfig))
-    *configs, from_recipe, from_command_line = parser.parse_args_and_config(
-        argv, return_remaining_strings=True, separate_remaining_strings=True
+    run, model, curriculum, args = parse_options(
+        (RunConfig, ModelConfig, CurriculumConfig, ERLConfig),
+        with_default_recipe(argv),
+        prog="python -m pipeline.run",
     )
-    unknown = [s[2:] for s in from_recipe[::2]] + [
-        s for s in from_command_line if s.startswith("-")
-    ]
-    if unknown or from_command_line:
-        raise SystemExit(
-            f"error: unknown option(s): {', '.join(unknown or from_command_line)} "
-            "(see python -m pipeline.run --help)"
-        )
-    run, model, curriculum, args = configs
     run.validate()
     model.validate()
     curriculum.validate()
