@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.run.checkpoints import KILL_POINT_ENV
 from pipeline.run.cli import main
 from pipeline.run.plots import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
+CUDA = torch.cuda.is_available()
 TINY_RECIPE = str(REPO / "configs" / "tiny.yaml")
 # configs/tiny.yaml, shortened: a few steps per stage, two levels.
 FAST = [
@@ -82,6 +84,33 @@ def test_bad_options_are_rejected_with_their_name(tiny_model_dir, tmp_path, extr
     with pytest.raises((SystemExit, ValueError)) as err:
         main(run_args(tiny_model_dir, tmp_path / "out", *extra))
     assert message in str(err.value) + capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--load_in_4bit", "true", "--use_lora", "false"], "load_in_4bit needs use_lora"),
+        (
+            ["--fast_inference", "true"],
+            "fast_inference (vLLM generation) needs the unsloth backend",
+        ),
+        pytest.param(
+            ["--fp16", "true", "--bf16", "false"],
+            "fp16 needs a GPU: on a CPU accelerate ignores it",
+            marks=pytest.mark.skipif(CUDA, reason="a GPU runs fp16"),
+        ),
+    ],
+    ids=["4bit-without-lora", "vllm-here", "fp16-on-cpu"],
+)
+def test_what_cannot_work_here_is_refused_before_the_run_writes_anything(
+    tiny_model_dir, tmp_path, extra, message
+):
+    """Refused with the reason and what to use instead, not dropped silently, and before
+    the output folder exists: fixing the option and running again needs no --resume."""
+    out = tmp_path / "out"
+    with pytest.raises((SystemExit, ValueError), match=re.escape(message)):
+        main(run_args(tiny_model_dir, out, *extra))
+    assert not out.exists()
 
 
 def test_unknown_key_in_a_recipe_is_rejected(tmp_path):
