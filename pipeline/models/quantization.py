@@ -2,7 +2,7 @@
 
 `load_in_4bit` is NF4 through bitsandbytes on a GPU and on a CPU alike, with the compute
 dtype the device has: bf16 (fp16 without bf16 support) on a GPU, float32 on a CPU, where
-bf16 and fp16 compute measured ~3.4x slower. What else a 4-bit base needs:
+bf16 and fp16 compute measured 2-3x slower. What else a 4-bit base needs:
 
 - bitsandbytes' CPU weight packing off (`disable_cpu_weight_packing`): training through a
   packed weight is wrong;
@@ -71,10 +71,10 @@ def undo_qlora_bf16_cast(model) -> None:
 
     TRL 1.15's GRPOTrainer and SFTTrainer cast every trainable weight of a quantized model
     to bf16, whatever the run's precision (Unsloth's generated trainer removes that cast).
-    Measured on the tiny 4-bit model: at the recipes' learning rate 5e-6 only 0.7% of
+    Measured on the tiny 4-bit model: at the recipes' learning rate 5e-6 only 0.6% of
     `lora_A`'s entries ever changed (Adam's steps round away in bf16), exact-gradient checks
-    were off by up to 4e-3, and a resumed run came back in float32 (PEFT upcasts a loaded
-    adapter), 5e-4 away from the uninterrupted one. Float32 adapters are what mixed
+    were off by up to 3.4e-3, and a resumed run came back in float32 (PEFT upcasts a loaded
+    adapter), 4.7e-4 away from the uninterrupted one. Float32 adapters are what mixed
     precision expects (bf16/fp16 autocast still computes in 16 bits).
     """
     import torch
@@ -104,7 +104,7 @@ def merge_adapter(model, adapter_folder: str | Path):
     """`model` (a PEFT model) with its adapter merged into unquantized base weights.
 
     On a 4-bit base PEFT's `merge_and_unload` re-quantizes the merged weights (still 4-bit,
-    0.03 off the trained model on the tiny one), so the base is loaded again, dequantized
+    0.09 off the trained model on the tiny one), so the base is loaded again, dequantized
     (to its compute dtype: 16-bit on a GPU, float32 on a CPU) and the saved adapter merged
     into that.
     """
