@@ -8,8 +8,9 @@ Usage:
 
 `--model` takes a full model folder, a PEFT adapter folder, a run's stage folder (its
 latest checkpoint-N) or a hub id. An adapter trained on a 4-bit base is evaluated on that
-4-bit base (its folder records it; `--load_in_4bit` quantizes a plain model or hub id too). Prints `mean_reward: ...` and `success_rate: ...`, one
-line each; `--json` also writes the result (summary and a few samples) to a file.
+4-bit base (its folder records it; `--load_in_4bit` quantizes a plain model or hub id
+too). Prints `mean_reward: ...` and `success_rate: ...`, one line each; `--json` also
+writes the result (summary and a few samples) to a file.
 Prompts are held out from training: see `pipeline.evaluate.first_attempts.held_out_seed`.
 """
 

@@ -293,7 +293,7 @@ def load_for_evaluation(
     `backend` None keeps the process's active backend (or `ERL_BACKEND`, default auto);
     it is activated before anything loads, because Unsloth must be imported first.
     `load_in_4bit` None loads the base in 4-bit when the adapter folder records that it was
-    trained on one (`pipeline.models.loading.BASE_QUANTIZATION_FILE`); True also loads a
+    trained on one (`pipeline.models.quantization.BASE_QUANTIZATION_FILE`); True also loads a
     plain model or hub id in 4-bit, as the base of a 4-bit run was.
     Returns (model, tokenizer) with left padding, on the GPU when there is one.
     """

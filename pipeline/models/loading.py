@@ -99,8 +99,8 @@ def check_machine_supports(config: ModelConfig) -> None:
 
         if importlib.util.find_spec("bitsandbytes") is None:
             raise ValueError(
-                "load_in_4bit needs bitsandbytes (pip install bitsandbytes==0.50.2, as pyproject.toml "
-                "pins it), or load_in_4bit: false"
+                "load_in_4bit needs bitsandbytes (pip install bitsandbytes==0.50.2, as "
+                "pyproject.toml pins it), or load_in_4bit: false"
             )
 
 
