@@ -1,7 +1,7 @@
 """What ERL costs on top of GRPO, measured side by side in one process.
 
     python bench/erl_overhead.py [--steps 12] [--warmup 3] [--memory_steps 4]
-                                 [--backend transformers|unsloth]
+                                 [--backend transformers|unsloth] [--load_in_4bit]
 
 Trains GRPOTrainer, ERLTrainer with the gate closed (threshold below every reward) and
 ERLTrainer with every row gated, on the offline tiny model with the same data and seed, in
@@ -28,6 +28,12 @@ interleaved rounds, and prints one `name: value` line per figure (medians over a
 
 `--backend unsloth` measures on Unsloth's generated GRPOTrainer (on a CPU through the
 `ERL_UNSLOTH_CPU_TRAINER=1` opt-in, which this flag sets); GRPO is then that trainer too.
+
+`--load_in_4bit` trains the tiny model as the recipes' QLoRA setting does: NF4 through
+bitsandbytes (float32 compute on a CPU) with a LoRA adapter (r 16, alpha 32), loaded by
+`pipeline.models.loading.load_policy`; default: the float32 model, fully fine-tuned. Both
+trainers then train a float32 adapter (ERLTrainer undoes TRL's bf16 cast, and so does this
+bench for GRPO), so that the ratios compare ERL with GRPO, not two precisions.
 """
 
 from __future__ import annotations
@@ -46,7 +52,9 @@ from pipeline.models.backend import UNSLOTH_CPU_TRAINER_ENV, activate_backend
 # The backend decides how trl is imported, so it is read before anything imports trl.
 _pre = argparse.ArgumentParser(add_help=False)
 _pre.add_argument("--backend", choices=("transformers", "unsloth"), default="transformers")
-BACKEND = _pre.parse_known_args(sys.argv[1:])[0].backend
+_pre.add_argument("--load_in_4bit", action="store_true")
+_early = _pre.parse_known_args(sys.argv[1:])[0]
+BACKEND, LOAD_IN_4BIT = _early.backend, _early.load_in_4bit
 if BACKEND == "unsloth":
     os.environ.setdefault(UNSLOTH_CPU_TRAINER_ENV, "1")
 activate_backend(BACKEND)
@@ -59,7 +67,8 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig, ERLTrainer, build_tiny_model  # noqa: E402
 from pipeline.erl.batch import INERT_KEY  # noqa: E402
-from pipeline.models.loading import add_mode_switches  # noqa: E402
+from pipeline.models.loading import ModelConfig, add_mode_switches, load_policy  # noqa: E402
+from pipeline.models.quantization import undo_qlora_bf16_cast  # noqa: E402
 
 
 def length_reward(completions, **kwargs):
@@ -138,9 +147,20 @@ class TimedERL(Timed, ERLTrainer):
 def build(trainer_cls, args, model_dir, dataset, memory=None, **extra):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir)  # Unsloth's trainer takes objects
+    if LOAD_IN_4BIT:  # the recipes' QLoRA: NF4 base, LoRA adapter
+        model, _ = load_policy(
+            ModelConfig(
+                model_name_or_path=model_dir,
+                backend=BACKEND,
+                load_in_4bit=True,
+                lora_r=16,
+                lora_alpha=32,
+            )
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir)  # Unsloth's trainer takes objects
     add_mode_switches(model)
-    return trainer_cls(
+    trainer = trainer_cls(
         model=model,
         args=args,
         train_dataset=dataset,
@@ -148,6 +168,8 @@ def build(trainer_cls, args, model_dir, dataset, memory=None, **extra):
         memory=memory,
         **extra,
     )
+    undo_qlora_bf16_cast(trainer.model)  # GRPO's adapter too: both train float32 (a no-op else)
+    return trainer
 
 
 def timed_run(trainer_cls, args, model_dir, dataset, warmup, **extra):
@@ -191,6 +213,11 @@ def main() -> None:
         choices=("transformers", "unsloth"),
         default="transformers",
         help="base trainer: TRL's GRPOTrainer, or Unsloth's generated one",
+    )
+    parser.add_argument(
+        "--load_in_4bit",
+        action="store_true",
+        help="the tiny model in 4-bit NF4 with a LoRA adapter (r 16) instead of full fine-tuning",
     )
     opts = parser.parse_args()
 
@@ -280,6 +307,7 @@ def main() -> None:
         f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}, steps: {opts.rounds} x {opts.steps} "
         f"(after {opts.warmup} warm-up each), completions/step: {opts.batch}"
     )
+    print(f"model: tiny, {'4-bit NF4 + LoRA r16' if LOAD_IN_4BIT else 'float32, full fine-tuning'}")
     print(f"median_step_s[grpo]: {grpo_time:.4f}")
     print(f"median_step_s[erl_gate_closed]: {closed_time:.4f}")
     print(f"median_step_s[erl_all_gated]: {gated_time:.4f}")

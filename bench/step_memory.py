@@ -9,6 +9,14 @@ size fit or not. Two ways to measure it, with one interface:
   tensor storage an operator creates until Python frees it, the CPU stand-in for the
   allocator's count (it misses storages made outside PyTorch's dispatcher, and slows the
   run, so benchmarks measure memory in runs of their own).
+
+  Its blind spot with 4-bit models: a dispatch mode sees the operators a program calls,
+  not those that run inside another operator's kernel. bitsandbytes 0.50's CPU forward is
+  one custom operator, `bitsandbytes::gemm_4bit`, whose default kernel dequantizes the
+  whole weight and multiplies inside it, so that transient dequantized weight (one layer's
+  at a time: 32 KB on the tiny model, ~55 MB in float32 for one MLP projection of a 1.5B
+  model) is not counted. The Params4bit storages and the backward's dequantized weight
+  (`MatMul4Bit.backward` calls `dequantize_4bit` itself) are counted.
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ every reader and writer takes its paths from `RunLayout`:
     <output_dir>/tensorboard/<stage_k|warmup>/   with report_to: tensorboard
 
 `erl_memory.json` is the reflection memory's own file (`pipeline.erl.memory`), which
-ERLTrainer also writes into every trainer checkpoint; `generations.jsonl` is
-`rewards.GenerationsLog`'s.
+ERLTrainer also writes into every trainer checkpoint, and so is `base_quantization.json`
+beside an adapter trained on a 4-bit base (`pipeline.models.quantization`);
+`generations.jsonl` is `rewards.GenerationsLog`'s.
 """
 
 from __future__ import annotations

@@ -104,6 +104,8 @@ def test_model_config_rejects_bad_values():
         ModelConfig(backend="fast").validate()
     with pytest.raises(ValueError, match="lora_r must be >= 1, got 0"):
         ModelConfig(lora_r=0).validate()
+    with pytest.raises(ValueError, match="load_in_4bit needs use_lora"):
+        ModelConfig(load_in_4bit=True, use_lora=False).validate()
 
 
 UNSLOTH_SCRIPT = textwrap.dedent(

@@ -2,8 +2,10 @@
 
 The slow test runs the notebook on the CPU as a user would run it on Colab, minus the
 cells that only make sense there: those tagged `install` (clone + pip) and `colab-only`
-(Drive). `ERL_NOTEBOOK_SMOKE=1` makes the notebook's own switch cell swap in the offline
-tiny model; every other cell runs as written.
+(Drive). `ERL_NOTEBOOK_SMOKE=1` makes the notebook's own switch cell run the recipe on the
+offline tiny model, 4-bit NF4 base and LoRA adapter as the recipe sets them; every other
+cell runs as written. The options the run ends up with are the recipe's except the ones
+named below, each with its reason.
 """
 
 from __future__ import annotations
@@ -21,9 +23,34 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "colab" / "erl_curriculum.ipynb"
-RECIPE = REPO / "configs" / "colab_t4.yaml"
+RECIPE_PATH = "configs/colab_t4.yaml"
+RECIPE = REPO / RECIPE_PATH
 SKIPPED_TAGS = {"install", "colab-only"}  # what a CPU run without network cannot do
 COLAB_LINK = "https://colab.research.google.com/github/"
+
+# What the smoke run may change in configs/colab_t4.yaml. What a CPU cannot do:
+CPU_OVERRIDES = {
+    "fast_inference": "vLLM generation is a CUDA engine (on a GPU its start-up alone would "
+    "outlast the smoke run, so it is off there too)",
+    "fp16": "accelerate ignores fp16 on a CPU (no autocast, no grad scaler), so pipeline.run "
+    "refuses it there rather than train float32 under an fp16 label",
+}
+# ... and what makes it a smoke run: the offline model, sizes, the notebook's own options.
+SMOKE_OVERRIDES = {
+    "model_name_or_path": "the offline tiny model",
+    "build_tiny_model": "built into MODEL on first use",
+    "output_dir": "the test's folder",
+    "num_stages": "2 stages",
+    "max_level": "of 2 levels",
+    "min_stage_steps": "of 2 steps",
+    "max_stage_steps": "of 2 steps",
+    "promote_window": "a window that 2 steps can fill",
+    "max_completion_length": "8 tokens",
+    "reflection_max_completion_length": "8 tokens",
+    "eval_prompts": "8 held-out prompts",
+    "disable_tqdm": "no progress bars in the test's log",
+    "resume": "the notebook's RESUME parameter",
+}
 
 
 def read_notebook():
@@ -74,9 +101,10 @@ def test_notebook_is_valid_with_badge_install_and_parameters():
                  "PROMOTE_THRESHOLD", "EXTRA_ARGS", "RESUME", "SMOKE_TEST", "PUSH_TO_HUB",
                  "HUB_REPO"):  # fmt: skip
         assert re.search(rf"^{name} = ", parameters.source, flags=re.M), name
-    # The smoke switch comes right after the parameters, so it overrides all of them.
+    # The smoke switch comes right after the parameters, so it overrides all of them, and
+    # it keeps the recipe: the smoke run is the recipe's code path.
     switch = nb.cells[nb.cells.index(parameters) + 1]
-    assert "ERL_NOTEBOOK_SMOKE" in switch.source and "configs/tiny.yaml" in switch.source
+    assert "ERL_NOTEBOOK_SMOKE" in switch.source and "RECIPE" not in switch.source.split("print")[0]
 
     heading = "## Resuming after a disconnect"
     resume = [c for c in nb.cells if c.cell_type == "markdown" and c.source.startswith(heading)]
@@ -176,9 +204,13 @@ def test_colab_recipe_parses_with_t4_settings(tmp_path):
 
 @pytest.mark.slow
 def test_notebook_runs_on_cpu_with_the_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
+    import torch
     from jupyter_client.kernelspec import KernelSpecManager
     from nbclient import NotebookClient
-    from transformers import AutoModelForCausalLM
+    from peft import PeftConfig
+
+    from pipeline.models.backend import activate_backend
+    from pipeline.run.config import parse_run_config, resolved_config
 
     # jupyter_client replaces a bare "python" in the kernelspec by sys.executable, so the
     # kernel runs in this interpreter's environment (the venv, with torch and trl).
@@ -201,13 +233,34 @@ def test_notebook_runs_on_cpu_with_the_tiny_model(tiny_model_dir, tmp_path, monk
 
     # The output folder contract, written by the run cell.
     assert (out / "reward_curve.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    AutoModelForCausalLM.from_pretrained(out / "final")
-    assert (out / "stage_1" / "config.json").exists()
     state = json.loads((out / "curriculum_state.json").read_text())
     assert state["finished"] is True
-    assert [s["level"] for s in state["stages"]][:2] == [1, 2]  # MAX_LEVEL 2 of the smoke run
+    assert [s["level"] for s in state["stages"]] == [1, 2]  # MAX_LEVEL 2 of the smoke run
 
-    assert "smoke test: configs/tiny.yaml" in "".join(map(text_of, nb.cells))
+    # The recipe's code path: the run was given the recipe, the parameters at their recipe
+    # values and the overrides named above, nothing else ...
+    (run_cell,) = tagged(nb, "run")
+    command = text_of(run_cell).splitlines()[0].split()
+    assert command[:4] == ["python", "-m", "pipeline.run", "--config"] and command[4] == RECIPE_PATH
+    given = {word[2:] for word in command[5:] if word.startswith("--")}
+    parameters = {"task", "reward_signals", "promote_threshold"}  # = the recipe's (tested above)
+    assert given <= set(SMOKE_OVERRIDES) | set(CPU_OVERRIDES) | parameters, given
+    # ... and every option the recipe sets kept its value but for those overrides.
+    started = json.loads((out / "run_config.json").read_text())
+    activate_backend()
+    recipe = resolved_config(*parse_run_config(["--config", str(RECIPE)]))  # as written
+    checked = set(yaml.safe_load(RECIPE.read_text())) | set(SMOKE_OVERRIDES) | set(CPU_OVERRIDES)
+    differing = {k for k in checked if started[k] != recipe[k]}
+    gpu_can = {"fp16"} if torch.cuda.is_available() else set()
+    expected = set(SMOKE_OVERRIDES) | (set(CPU_OVERRIDES) - gpu_can)
+    assert differing == expected, {k: (recipe[k], started[k]) for k in differing ^ expected}
+    assert started["load_in_4bit"] and started["backend"] == "unsloth"
+    # ... its 4-bit base with a LoRA adapter of the recipe's rank, which each folder records.
+    for folder in ("stage_1", "stage_2", "final"):
+        assert PeftConfig.from_pretrained(out / folder).r == started["lora_r"] == 16
+        assert json.loads((out / folder / "base_quantization.json").read_text())["load_in_4bit"]
+
+    assert "smoke test: configs/colab_t4.yaml" in "".join(map(text_of, nb.cells))
     (curves,) = tagged(nb, "curves")
     assert any("image/png" in o.get("data", {}) for o in curves.outputs)
     assert "run finished: True" in text_of(curves)

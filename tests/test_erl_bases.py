@@ -143,14 +143,18 @@ def test_gate_closed_trains_exactly_like_the_base(tiny_model_dir, arithmetic_dat
         trainer.train()
         return initial, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
-    initial, base = run(
-        GRPOTrainer(
-            model=load_model(tiny_model_dir),
-            args=make_args(GRPOConfig, max_steps=3),
-            train_dataset=arithmetic_dataset,
-            reward_funcs=length_reward,
-        )
+    from pipeline.models.quantization import undo_qlora_bf16_cast
+
+    grpo = GRPOTrainer(
+        model=load_model(tiny_model_dir),
+        args=make_args(GRPOConfig, max_steps=3),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
     )
+    # What ERLTrainer's __init__ does after TRL's (tests/test_erl_4bit.py): a 4-bit model's
+    # adapter back in float32. A no-op on a float model and on Unsloth's base.
+    undo_qlora_bf16_cast(grpo.model)
+    initial, base = run(grpo)
     erl_trainer = make_trainer(
         tiny_model_dir, make_args(reward_threshold=-1.0, max_steps=3), arithmetic_dataset
     )

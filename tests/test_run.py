@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.run.checkpoints import KILL_POINT_ENV
 from pipeline.run.cli import main
 from pipeline.run.plots import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
+CUDA = torch.cuda.is_available()
 TINY_RECIPE = str(REPO / "configs" / "tiny.yaml")
 # configs/tiny.yaml, shortened: a few steps per stage, two levels.
 FAST = [
@@ -83,6 +85,33 @@ def test_bad_options_are_rejected_with_their_name(tiny_model_dir, tmp_path, extr
     with pytest.raises((SystemExit, ValueError)) as err:
         main(run_args(tiny_model_dir, tmp_path / "out", *extra))
     assert message in str(err.value) + capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--load_in_4bit", "true", "--use_lora", "false"], "load_in_4bit needs use_lora"),
+        (
+            ["--fast_inference", "true"],
+            "fast_inference (vLLM generation) needs the unsloth backend",
+        ),
+        pytest.param(
+            ["--fp16", "true", "--bf16", "false"],
+            "fp16 needs a GPU: on a CPU accelerate ignores it",
+            marks=pytest.mark.skipif(CUDA, reason="a GPU runs fp16"),
+        ),
+    ],
+    ids=["4bit-without-lora", "vllm-here", "fp16-on-cpu"],
+)
+def test_what_cannot_work_here_is_refused_before_the_run_writes_anything(
+    tiny_model_dir, tmp_path, extra, message
+):
+    """Refused with the reason and what to use instead, not dropped silently, and before
+    the output folder exists: fixing the option and running again needs no --resume."""
+    out = tmp_path / "out"
+    with pytest.raises((SystemExit, ValueError), match=re.escape(message)):
+        main(run_args(tiny_model_dir, out, *extra))
+    assert not out.exists()
 
 
 def test_unknown_key_in_a_recipe_is_rejected(tmp_path):
@@ -219,6 +248,20 @@ def stage_files(folder: Path) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for p in folder.iterdir() if p.is_file()}
 
 
+def run_process(command: list[str], kill_at: tuple[str, int] | None = None, *extra: str):
+    """Run `python -m pipeline.run` in a fresh process; with `kill_at` (point, stage) it
+    must SIGKILL itself there, else finish."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if kill_at:
+        env[KILL_POINT_ENV] = f"{kill_at[0]}:{kill_at[1]}"
+    done = subprocess.run(
+        [*command, *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    expected = -signal.SIGKILL if kill_at else 0
+    assert done.returncode == expected, (kill_at, done.stderr[-3000:])
+    return done
+
+
 @pytest.mark.slow
 def test_sigkill_at_every_stage_boundary_then_resume(tiny_model_dir, tmp_path):
     """SIGKILL a run at each boundary of a stage's end and of the next stage's start,
@@ -234,20 +277,11 @@ def test_sigkill_at_every_stage_boundary_then_resume(tiny_model_dir, tmp_path):
         *["--warmup_sft_steps", "2", "--per_device_train_batch_size", "8"],
         *["--min_stage_steps", "2", "--max_stage_steps", "2", "--save_steps", "1"],
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     finished_files: dict[int, dict[Path, int]] = {}
     for i, (point, stage) in enumerate(KILL_POINTS):
         resume = ["--resume", "true"] if i else []
         verbose = ["--log_level", "info"] if point == "evaluated" else []  # safe to change
-        killed = subprocess.run(
-            [*command, *resume, *verbose],
-            cwd=REPO,
-            env={**env, KILL_POINT_ENV: f"{point}:{stage}"},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-3000:])
+        killed = run_process(command, (point, stage), *resume, *verbose)
         printed = killed.stdout + killed.stderr
         assert ("'loss'" in printed) == bool(verbose), point  # the dicts only when asked
         state = json.loads((out / "curriculum_state.json").read_text())
@@ -266,15 +300,7 @@ def test_sigkill_at_every_stage_boundary_then_resume(tiny_model_dir, tmp_path):
             before = finished_files.setdefault(entry["stage"], stage_files(folder))
             assert stage_files(folder) == before, point
 
-    resumed = subprocess.run(
-        [*command, "--resume", "true", "--save_merged", "true"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed = run_process(command, None, "--resume", "true", "--save_merged", "true")
     assert "resuming" in resumed.stderr + resumed.stdout
     state = json.loads((out / "curriculum_state.json").read_text())
     assert state["finished"] is True
@@ -293,6 +319,80 @@ def test_sigkill_at_every_stage_boundary_then_resume(tiny_model_dir, tmp_path):
         out / "final_merged"
     )  # LoRA folded into the weights
     assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+@pytest.mark.slow
+def test_a_4bit_run_killed_mid_stage_resumes_merges_and_evaluates_on_its_base(
+    tiny_model_dir, tmp_path, capsys
+):
+    """load_in_4bit on a CPU: the warm-up and the stages train a LoRA adapter on the NF4
+    base. SIGKILLed right after stage 1's first trainer checkpoint, the run resumes from it
+    to the end with --save_merged; then `python -m pipeline.evaluate` scores final/ on the
+    4-bit base it was trained on, and final_merged/ is that model, dequantized."""
+    import bitsandbytes as bnb
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.evaluate.cli import main as evaluate
+    from pipeline.evaluate.first_attempts import load_for_evaluation
+    from pipeline.models.quantization import base_model_kwargs
+
+    out = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.run",
+        *run_args(tiny_model_dir, out, "--load_in_4bit", "true", "--lora_r", "4"),
+        *["--use_lora", "true", "--warmup_sft_steps", "2", "--per_device_train_batch_size", "8"],
+        *["--min_stage_steps", "2", "--max_stage_steps", "2", "--save_steps", "1"],
+    ]
+    run_process(command, ("checkpoint", 1))
+    checkpoint = out / "stage_1" / "checkpoints" / "checkpoint-1"
+    assert {"adapter_model.safetensors", "optimizer.pt", "base_quantization.json"} <= {
+        p.name for p in checkpoint.iterdir()
+    }
+    resumed = run_process(command, None, "--resume", "true", "--save_merged", "true")
+    assert "resuming" in resumed.stderr + resumed.stdout
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] is True and [s["steps"] for s in state["stages"]] == [2, 2]
+    for stage in (1, 2):
+        metrics = read_metrics(out / f"stage_{stage}" / "metrics.jsonl")
+        assert [m["stage_step"] for m in metrics if "loss" in m] == [1, 2]
+    assert json.loads((out / "run_config.json").read_text())["load_in_4bit"] is True
+    for folder in ("warmup", "stage_1", "stage_2", "final"):
+        assert json.loads((out / folder / "base_quantization.json").read_text())["load_in_4bit"]
+
+    def count_4bit(model) -> int:
+        return sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+
+    def logits(model) -> torch.Tensor:
+        with torch.no_grad():
+            return model(input_ids=torch.arange(3, 40).unsqueeze(0)).logits
+
+    # The model as trained: the NF4 base loaded as the run loads it, plus the adapter.
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, **base_model_kwargs(True))
+    trained = logits(PeftModel.from_pretrained(base, out / "final").eval())
+    evaluated, _ = load_for_evaluation(str(out / "final"))
+    assert count_4bit(evaluated) == 14
+    torch.testing.assert_close(logits(evaluated), trained, rtol=0, atol=0)
+    on_float_base, _ = load_for_evaluation(str(out / "final"), load_in_4bit=False)
+    float_gap = (logits(on_float_base) - trained).abs().max().item()
+    assert count_4bit(on_float_base) == 0 and float_gap > 1e-3
+
+    merged = AutoModelForCausalLM.from_pretrained(out / "final_merged")
+    assert count_4bit(merged) == 0 and not any("lora" in n for n, _ in merged.named_parameters())
+    assert "quantization_config" not in json.loads((out / "final_merged/config.json").read_text())
+    assert {p.dtype for p in merged.parameters()} == {torch.float32}  # a CPU's compute dtype
+    merged_gap = (logits(merged) - trained).abs().max().item()
+    with capsys.disabled():
+        print(f"max |logits - trained|: float base {float_gap:.4f}, final_merged {merged_gap:.2e}")
+    torch.testing.assert_close(logits(merged), trained, rtol=1e-4, atol=1e-5)
+
+    capsys.readouterr()
+    argv = ["--model", str(out / "final"), "--task", "arithmetic", "--level", "1", "--n", "4"]
+    assert evaluate([*argv, "--max_new_tokens", "8", "--no_progress"]) == 0
+    assert re.search(r"^mean_reward: -?[\d.]+$", capsys.readouterr().out, flags=re.M)
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """ERL on Unsloth's own generated GRPOTrainer, on this CPU.
 
 `import unsloth` must come before trl, and this process already imported trl, so the
-both-bases suite runs again in one fresh pytest process with the Unsloth backend and its
+both-bases suite (with its 4-bit NF4 + LoRA rerun) runs again in one fresh pytest process with the Unsloth backend and its
 CPU opt-in (`ERL_BACKEND=unsloth ERL_UNSLOTH_CPU_TRAINER=1`). Generating Unsloth's trainer
 costs ~30 s per process, hence one process for all of it.
 """
@@ -26,6 +26,7 @@ SUITE = [
     "tests/test_erl_bases.py",
     "tests/test_erl_internalization.py",
     "tests/test_erl_normalization.py",
+    "tests/test_erl_4bit.py",  # the same claims on a 4-bit NF4 + LoRA model, and its own
 ]
 
 

@@ -83,6 +83,10 @@ from pipeline.erl.prompts import (  # noqa: E402
     retry_prompt,
 )
 from pipeline.models.loading import add_mode_switches  # noqa: E402
+from pipeline.models.quantization import (  # noqa: E402
+    record_base_quantization,
+    undo_qlora_bf16_cast,
+)
 from rewards import completion_text  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
@@ -158,6 +162,11 @@ class ERLTrainer(GRPOTrainer):
         if not isinstance(model, str):
             add_mode_switches(model)  # before the base's __init__, which reads the precision mark
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        if not unsloth_trainer_active():
+            # TRL's __init__ casts a quantized model's adapter to bf16, which freezes lora_A at
+            # small learning rates and makes a resume come back in float32; Unsloth's trainer
+            # does not cast. Float32 adapters, as Unsloth's (pipeline.models.quantization).
+            undo_qlora_bf16_cast(self.model)
         columns = set(getattr(self.train_dataset, "column_names", None) or [])
         if self._is_vlm or columns & {"image", "images"}:
             raise NotImplementedError(
@@ -251,6 +260,7 @@ class ERLTrainer(GRPOTrainer):
         super().save_model(output_dir, _internal_call)  # checkpoints go through here too
         if self.args.should_save:
             self.memory.save(output_dir or self.args.output_dir)
+            record_base_quantization(self.model, output_dir or self.args.output_dir)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

@@ -7,8 +7,10 @@ Usage:
         --n 100 --task_config '{"reveal_answer": false}' --json eval.json
 
 `--model` takes a full model folder, a PEFT adapter folder, a run's stage folder (its
-latest checkpoint-N) or a hub id. Prints `mean_reward: ...` and `success_rate: ...`, one
-line each; `--json` also writes the result (summary and a few samples) to a file.
+latest checkpoint-N) or a hub id. An adapter trained on a 4-bit base is evaluated on that
+4-bit base (its folder records it; `--load_in_4bit` quantizes a plain model or hub id
+too). Prints `mean_reward: ...` and `success_rate: ...`, one line each; `--json` also
+writes the result (summary and a few samples) to a file.
 Prompts are held out from training: see `pipeline.evaluate.first_attempts.held_out_seed`.
 """
 
@@ -113,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto | unsloth | transformers (default: $ERL_BACKEND, else auto).",
     )
     parser.add_argument(
+        "--load_in_4bit",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Load the base in 4-bit NF4 (default: when the adapter folder records a 4-bit "
+        "base; --load_in_4bit also quantizes a plain model or hub id, as a 4-bit run's base).",
+    )
+    parser.add_argument(
         "--json", default=None, metavar="PATH", help="Also write the result as JSON to PATH."
     )
     parser.add_argument("--no_progress", action="store_true", help="Hide the progress bar.")
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.evaluate.first_attempts import evaluate_first_attempts, load_for_evaluation
 
     try:
-        model, tokenizer = load_for_evaluation(args.model)
+        model, tokenizer = load_for_evaluation(args.model, load_in_4bit=args.load_in_4bit)
     except (ValueError, OSError) as err:
         parser.error(f"cannot load --model {args.model!r}: {err}")
 

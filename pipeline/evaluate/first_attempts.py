@@ -285,21 +285,33 @@ def _holds_model(path: Path) -> bool:
     return (path / "config.json").exists() or (path / "adapter_config.json").exists()
 
 
-def load_for_evaluation(path_or_id: str, backend: str | None = None) -> tuple[Any, Any]:
+def load_for_evaluation(
+    path_or_id: str, backend: str | None = None, load_in_4bit: bool | None = None
+) -> tuple[Any, Any]:
     """Load a full model folder, a PEFT adapter folder, a run's stage folder or a hub id.
 
     `backend` None keeps the process's active backend (or `ERL_BACKEND`, default auto);
     it is activated before anything loads, because Unsloth must be imported first.
+    `load_in_4bit` None loads the base in 4-bit when the adapter folder records that it was
+    trained on one (`pipeline.models.quantization.BASE_QUANTIZATION_FILE`); True also loads a
+    plain model or hub id in 4-bit, as the base of a 4-bit run was.
     Returns (model, tokenizer) with left padding, on the GPU when there is one.
     """
     activate_backend(backend)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from pipeline.models.quantization import (
+        base_model_kwargs,
+        disable_cpu_weight_packing,
+        recorded_4bit,
+    )
+
     folder = resolve_checkpoint(path_or_id)
-    kwargs: dict[str, Any] = {"trust_remote_code": False}
+    if load_in_4bit is None:
+        load_in_4bit = recorded_4bit(folder)
+    kwargs: dict[str, Any] = {"trust_remote_code": False, **base_model_kwargs(load_in_4bit)}
     if torch.cuda.is_available():
-        kwargs["dtype"] = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         # device_map rather than .to(): a 4-bit base cannot be moved after loading.
         kwargs["device_map"] = "cuda"
     adapter = Path(folder, "adapter_config.json")
@@ -315,10 +327,12 @@ def load_for_evaluation(path_or_id: str, backend: str | None = None) -> tuple[An
     else:
         model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
         tokenizer_source = folder
+    if load_in_4bit:
+        disable_cpu_weight_packing(model)  # evaluate the layout that was trained
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, trust_remote_code=False)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     model.eval()
-    logger.info("loaded %s for evaluation", folder)
+    logger.info("loaded %s for evaluation%s", folder, " (4-bit base)" if load_in_4bit else "")
     return model, tokenizer

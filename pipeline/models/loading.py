@@ -3,13 +3,17 @@
 Both paths return a LoRA-wrapped (PEFT) model and its tokenizer, ready for ERLTrainer.
 Under Unsloth on a GPU the trainer ignores `peft_config`, so the adapter is attached
 here for both backends: one path for the trainer to see.
+
+4-bit (`load_in_4bit`) is NF4 through bitsandbytes on a GPU and on a CPU alike
+(`pipeline.models.quantization`), prepared for training, then the adapter.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.models.backend import activate_backend
+from pipeline.models.backend import activate_backend, unsloth_patches_trainers
+from pipeline.models.quantization import base_model_kwargs, disable_cpu_weight_packing
 
 # Unsloth names projections explicitly; "all-linear" is PEFT's spelling of the same set.
 LLAMA_LIKE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -30,7 +34,11 @@ class ModelConfig:
         },
     )
     load_in_4bit: bool = field(
-        default=False, metadata={"help": "Load the base model in 4-bit (GPU only)."}
+        default=False,
+        metadata={
+            "help": "Load the base model in 4-bit NF4 (bitsandbytes; GPU or CPU) and train a LoRA "
+            "adapter on it (QLoRA; needs use_lora)."
+        },
     )
     max_seq_length: int = field(
         default=1024, metadata={"help": "Longest prompt + completion in tokens."}
@@ -69,32 +77,75 @@ class ModelConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+        if self.load_in_4bit and not self.use_lora:
+            raise ValueError(
+                "load_in_4bit needs use_lora: the 4-bit weights cannot be trained, only an adapter "
+                "on top of them (QLoRA). Set use_lora: true, or load_in_4bit: false for full "
+                "fine-tuning"
+            )
 
 
-def load_policy(config: ModelConfig, *, seed: int = 42, trust_remote_code: bool = False):
+def check_machine_supports(config: ModelConfig) -> None:
+    """Refuse what this machine and the active backend cannot do rather than drop it
+    silently (call after `activate_backend`): raises ValueError saying why and what to use."""
+    if config.fast_inference and not unsloth_patches_trainers():
+        raise ValueError(
+            "fast_inference (vLLM generation) needs the unsloth backend on a CUDA GPU with vLLM "
+            "installed; here generation would silently fall back to transformers' generate. Set "
+            "fast_inference: false (same training, slower generation)"
+        )
+    if config.load_in_4bit:
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ValueError(
+                "load_in_4bit needs bitsandbytes (pip install bitsandbytes==0.50.2, as "
+                "pyproject.toml pins it), or load_in_4bit: false"
+            )
+
+
+def load_policy(
+    config: ModelConfig,
+    *,
+    seed: int = 42,
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+):
     """Load the model and tokenizer with the configured backend; returns (model, tokenizer).
 
     `trust_remote_code` runs model code shipped with the checkpoint: off unless you trust it.
+    `gradient_checkpointing` is the trainer's setting, which preparing a 4-bit model for
+    training must not override.
     """
     config.validate()
     backend = activate_backend(config.backend)
+    check_machine_supports(config)
     if backend == "unsloth":
-        model, tokenizer = _load_with_unsloth(config, seed, trust_remote_code)
+        model, tokenizer = _load_with_unsloth(
+            config, seed, trust_remote_code, gradient_checkpointing
+        )
     else:
-        model, tokenizer = _load_with_transformers(config, seed, trust_remote_code)
+        model, tokenizer = _load_with_transformers(
+            config, seed, trust_remote_code, gradient_checkpointing
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model, tokenizer
 
 
-def _load_with_unsloth(config: ModelConfig, seed: int, trust_remote_code: bool):
+def _load_with_unsloth(
+    config: ModelConfig, seed: int, trust_remote_code: bool, gradient_checkpointing: bool
+):
     import torch
 
     if not torch.cuda.is_available():
         # Unsloth's CPU loader is plain transformers + PEFT, and with UNSLOTH_ALLOW_CPU (its
-        # trainer on a CPU) it takes its GPU loader, which needs CUDA: load the same way here.
-        model, tokenizer = _load_with_transformers(config, seed, trust_remote_code)
+        # trainer on a CPU) it takes its GPU loader, which needs CUDA: load the same way here
+        # (4-bit included: docs/hardware.md, "Unsloth's trainer on a CPU").
+        model, tokenizer = _load_with_transformers(
+            config, seed, trust_remote_code, gradient_checkpointing
+        )
         add_mode_switches(model)  # what Unsloth's trainer calls
         return model, tokenizer
     from unsloth import FastLanguageModel
@@ -104,7 +155,7 @@ def _load_with_unsloth(config: ModelConfig, seed: int, trust_remote_code: bool):
         model_name=config.model_name_or_path,
         max_seq_length=config.max_seq_length,
         dtype=dtype,
-        load_in_4bit=config.load_in_4bit and torch.cuda.is_available(),
+        load_in_4bit=config.load_in_4bit,
         fast_inference=config.fast_inference,
         max_lora_rank=config.lora_r,
         gpu_memory_utilization=config.gpu_memory_utilization,
@@ -123,30 +174,30 @@ def _load_with_unsloth(config: ModelConfig, seed: int, trust_remote_code: bool):
     return model, tokenizer
 
 
-def _load_with_transformers(config: ModelConfig, seed: int, trust_remote_code: bool):
+def _load_with_transformers(
+    config: ModelConfig, seed: int, trust_remote_code: bool, gradient_checkpointing: bool
+):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs = {"trust_remote_code": trust_remote_code}
-    if torch.cuda.is_available():
-        kwargs["dtype"] = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if config.load_in_4bit:
-            from transformers import BitsAndBytesConfig
-
-            kwargs["quantization_config"] = BitsAndBytesConfig(
-                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=kwargs["dtype"]
-            )
+    kwargs = {"trust_remote_code": trust_remote_code, **base_model_kwargs(config.load_in_4bit)}
     model = AutoModelForCausalLM.from_pretrained(config.model_name_or_path, **kwargs)
+    if config.load_in_4bit:
+        disable_cpu_weight_packing(model)
     tokenizer = AutoTokenizer.from_pretrained(
         config.model_name_or_path, trust_remote_code=trust_remote_code
     )
     if config.use_lora:
         from peft import LoraConfig, get_peft_model
 
-        if config.load_in_4bit and torch.cuda.is_available():
+        if config.load_in_4bit:
             from peft import prepare_model_for_kbit_training
 
-            model = prepare_model_for_kbit_training(model)
+            # It freezes the base, upcasts 16-bit norms and embeddings to float32 and, unless
+            # told otherwise, turns gradient checkpointing on whatever the trainer's setting.
+            model = prepare_model_for_kbit_training(
+                model, use_gradient_checkpointing=gradient_checkpointing
+            )
         torch.manual_seed(seed)
         model = get_peft_model(
             model,

@@ -69,7 +69,10 @@ def save_policy(model, tokenizer, memory, folder: Path, *, atomic: bool = False)
 
 
 def _write_policy(model, tokenizer, memory, folder: Path) -> None:
+    from pipeline.models.quantization import record_base_quantization
+
     model.save_pretrained(folder)
+    record_base_quantization(model, folder)  # so that evaluation rebuilds the 4-bit base
     tokenizer.save_pretrained(folder)
     memory.save(folder)
 

@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "error: --save_merged needs use_lora: a fully fine-tuned final/ is already merged"
         )
+    from pipeline.run.config import check_machine
+
+    check_machine(model_config, args)  # before anything is written: a refusal leaves no run
 
     from curriculum.controller import CurriculumController
     from curriculum.tasks import get_task
@@ -97,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         build_tiny_model(model_config.model_name_or_path)
     distributed.wait_for_everyone()  # the others load what the main process built
     model, tokenizer = load_policy(
-        model_config, seed=args.seed, trust_remote_code=args.trust_remote_code
+        model_config,
+        seed=args.seed,
+        trust_remote_code=args.trust_remote_code,
+        gradient_checkpointing=args.gradient_checkpointing,
     )
 
     # ---- Rewards: programs and learned signals (those score on the policy's device).
@@ -194,7 +200,9 @@ def _export(model, tokenizer, run, layout) -> None:
         if unsloth_patches_trainers():  # Unsloth's merge also handles 4-bit bases
             model.save_pretrained_merged(str(target), tokenizer, save_method="merged_16bit")
         else:
-            model.merge_and_unload().save_pretrained(target)
+            from pipeline.models.quantization import merge_adapter
+
+            merge_adapter(model, layout.final).save_pretrained(target)  # a 4-bit base dequantized
             tokenizer.save_pretrained(target)
         logger.info(f"merged model saved to {target}")
     if run.save_gguf:

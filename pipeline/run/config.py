@@ -100,7 +100,10 @@ class RunConfig:
     )
     save_merged: bool = field(
         default=False,
-        metadata={"help": "Also save final/ merged into a full 16-bit model (final_merged/)."},
+        metadata={
+            "help": "Also save final/ merged into a full unquantized model (final_merged/; a 4-bit "
+            "base is dequantized first: 16-bit on a GPU, float32 on a CPU)."
+        },
     )
     save_gguf: str | None = field(
         default=None,
@@ -176,6 +179,24 @@ def choose_backend(argv: list[str]) -> str:
     """
     requested = _peek(with_default_recipe(argv), "backend") or os.environ.get(BACKEND_ENV, "auto")
     return activate_backend(resolve_backend(backend_for_processes(requested, launched_processes())))
+
+
+def check_machine(model, args) -> None:
+    """Refuse, before the run writes anything, settings this machine would silently drop:
+    vLLM without the unsloth backend on a GPU, 4-bit without bitsandbytes, fp16 on a CPU."""
+    from pipeline.models.loading import check_machine_supports
+
+    try:
+        check_machine_supports(model)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from err
+    if args.fp16 and args.device.type == "cpu":
+        # accelerate enables fp16 autocast and its grad scaler only off the CPU.
+        raise SystemExit(
+            "error: fp16 needs a GPU: on a CPU accelerate ignores it (no autocast, no grad "
+            "scaler) and the run would train in float32 while its config says fp16. Pass "
+            "--fp16 false on a CPU (--bf16 true autocasts on a CPU, slowly)"
+        )
 
 
 # transformers' `log_level` values that bring back the per-step metric dictionaries.

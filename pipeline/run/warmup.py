@@ -15,6 +15,8 @@ from trl import SFTConfig, SFTTrainer
 
 from curriculum.tasks import Task
 from pipeline.layout import TENSORBOARD_DIR
+from pipeline.models.backend import unsloth_patches_trainers
+from pipeline.models.quantization import undo_qlora_bf16_cast
 from pipeline.run.config import verbose
 from pipeline.run.console import RunProgress, show_progress, warmup_postfix
 
@@ -79,6 +81,8 @@ def sft_warmup(
     trainer = SFTTrainer(
         model=model, args=config, train_dataset=dataset, processing_class=tokenizer
     )
+    if not unsloth_patches_trainers():  # TRL's SFTTrainer casts a 4-bit model's adapter to bf16
+        undo_qlora_bf16_cast(trainer.model)
     progress = RunProgress(
         "warm-up",
         warmup_postfix,
