@@ -129,7 +129,9 @@ class ERLConfig(GRPOConfig):
             "help": "Which stored reflections a reflection prompt retrieves. 'same_prompt': only "
             "reflections written for this very prompt (from earlier epochs), newest first, so "
             "lessons specific to another problem never reach it. 'similar': the memory_top_k "
-            "most lexically similar prompts' reflections (other problems' too)."
+            "most lexically similar prompts' reflections (other problems' too). 'global': the "
+            "ERL paper's rulebook, the latest reflection whose retry succeeded, shown to every "
+            "reflection whatever its prompt (for tasks whose lessons carry over)."
         },
     )
     reflection_max_completion_length: int | None = field(

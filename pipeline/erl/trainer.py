@@ -5,8 +5,8 @@ Per generation batch, after GRPO has generated and scored the first attempts y1:
 1. first attempt: y1, reward r1 (GRPO's weighted reward) and feedback from `feedback_func`;
 2. gating: rows with r1 < `reward_threshold` go on;
 3. reflection: one generation per gated row from `reflection_system_prompt`, with the
-   `memory_top_k` stored reflections of the same prompt (`memory_scope`, or the most
-   similar prompts');
+   `memory_top_k` stored reflections of the same prompt (`memory_scope`; or the most
+   similar prompts'; or, `global`, the newest one: the ERL paper's rulebook);
 4. retry: one generation y2 from `retry_system_prompt`; r2 is scored by the reward
    functions against the ORIGINAL row (its answer/metadata columns);
 5. memory: reflections whose retry reached the threshold enter the FIFO memory;
