@@ -89,6 +89,14 @@ class ERLConfig(GRPOConfig):
     enable_memory: bool = field(
         default=True, metadata={"help": "Use the cross-episode reflection memory."}
     )
+    enable_reflection: bool = field(
+        default=True,
+        metadata={
+            "help": "Write a reflection before the retry. False (an ablation): the retry reads "
+            "the raw feedback in the retry template's {reflection} slot, no reflection rows are "
+            "trained, and nothing enters the memory."
+        },
+    )
     enable_internalization: bool = field(
         default=True,
         metadata={"help": "Distil successful retries into answers to the original prompt."},
