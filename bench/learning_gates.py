@@ -45,6 +45,10 @@ from pipeline.run.warmup import reference_dataset, sft_warmup, warmup_config
 
 WARM_SYMBOLS = ("@", "$", "&", "%", "~", "#")  # the run's '#' too: its rule never is
 WARM_BATCH = 64
+# The share of "+"-prior rows whose answer is a+b+j for a random j in 1..5: a prior that is
+# not a point mass, so that first attempts at a+b+2 succeed a few percent of the time and
+# GRPO is not starved (with a pure a+b prior they succeeded 0.2% of the time: docs/log.md).
+PRIOR_NOISE = 0.2
 
 
 def _sdpo_templates() -> dict[str, str]:
@@ -144,11 +148,11 @@ def _hidden_rule_rows(task, s: Settings, reward_funcs, weights, feedback_func) -
             solution=other.reference(row) if kind != 0 else "",
         )
         rows.append({"prompt": prompt, "completion": answer(row["answer"])})
-    for _ in range(n // 3):  # the "+" prior on unhinted prompts
+    for _ in range(n // 3):  # the "+" prior on unhinted prompts, mostly a+b
         other, row = decoy()
-        rows.append(
-            {"prompt": row["prompt"], "completion": answer(sum(other.meta(row)[k] for k in "ab"))}
-        )
+        offset = rng.randint(1, 5) if rng.random() < PRIOR_NOISE else 0
+        reading = sum(other.meta(row)[k] for k in "ab") + offset
+        rows.append({"prompt": row["prompt"], "completion": answer(reading)})
     plain = reference_dataset(get_task("arithmetic"), 1, n // 3, seed=900_000)
     return concatenate_datasets([Dataset.from_list(rows), plain])
 
