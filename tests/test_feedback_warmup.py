@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from curriculum.tasks import get_task
-from pipeline.erl.feedback_warmup import feedback_rows, reflection_target
+from pipeline.erl.feedback_warmup import feedback_rows, reflection_target, rule_rows
 from pipeline.erl.prompts import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
 from rewards import Scorer, build_feedback_func, build_reward_funcs
 
@@ -68,7 +68,72 @@ def test_memory_shows_what_the_runs_memory_scope_retrieves(style):
     ]
     assert others  # other problems' answers
     with pytest.raises(ValueError, match="memory_scope must be one of"):
-        _rows(style, n=2, memory_scope="global")
+        _rows(style, n=2, memory_scope="nearest")
+
+
+@pytest.mark.parametrize("style", ["distance", "reveal"])
+def test_global_memory_shows_one_other_prompts_fix_or_none(style):
+    """`global` is the rulebook: the latest successful reflection, another prompt's fix
+    (not silently what `same_prompt` would show), or nothing before the first success."""
+    _, source, rows = _rows(style, n=80, memory_scope="global")
+    fixes = [reflection["completion"][0]["content"] for reflection in rows[0::2]]
+    shown = 0
+    for i, reflection in enumerate(rows[0::2]):
+        lessons = _lessons(reflection)
+        assert len(lessons) <= 1
+        for lesson in lessons:
+            shown += 1
+            assert lesson != fixes[i] and lesson in fixes[:i] + fixes[i + 1 :]  # another's
+    assert 45 <= shown <= 75  # three rows in four
+
+
+def _rule_rows(memory_scope: str, n: int = 60):
+    from curriculum.tasks.hidden_rule import HiddenRuleTask
+
+    task = HiddenRuleTask()
+    scorer = Scorer(task)
+    funcs, weights = build_reward_funcs(task, {"correctness": 1.0}, scorer=scorer)
+    feedback = build_feedback_func(task, {"correctness": 1.0}, scorer=scorer)
+    source, rules = [], []
+    for i in range(n):  # rows of many rules: symbols and constants vary
+        decoy = HiddenRuleTask(symbol="@$%"[i % 3], rule_seed=i, split="all")
+        source += decoy.generate(1, 1, seed=i)
+        rules.append(decoy.rule_text(1))
+    out = rule_rows(
+        task,
+        source,
+        rules,
+        feedback,
+        funcs,
+        weights,
+        reflection_template=DEFAULT_REFLECTION_PROMPT,
+        retry_template=DEFAULT_RETRY_PROMPT,
+        seed=0,
+        memory_scope=memory_scope,
+    )
+    return task, source, rules, out
+
+
+@pytest.mark.parametrize("memory_scope", ["global", "same_prompt", "similar"])
+def test_rule_rows_read_the_rule_from_the_feedback_on_a_plus_reading(memory_scope):
+    task, source, rules, out = _rule_rows(memory_scope)
+    assert len(out) == 2 * len(source) and len(set(rules)) > 3
+    shown = 0
+    for row, rule, reflection, retry in zip(source, rules, out[0::2], out[1::2]):
+        meta, prompt = task.meta(row), reflection["prompt"][0]["content"]
+        k = int(row["answer"]) - meta["a"] - meta["b"]
+        assert f"<answer>{meta['a'] + meta['b']}</answer>" in prompt  # read as +
+        assert f"it is {k} too low." in prompt and row["answer"] not in prompt.split("\n")[-1]
+        assert reflection["completion"][0]["content"] == rule == rule[:6] + f"a+b+{k}"
+        lessons = _lessons(reflection)
+        assert set(lessons) <= {rule} and (memory_scope == "similar" or len(lessons) <= 1)
+        shown += bool(lessons)
+        assert rule in retry["prompt"][-1]["content"]
+        assert task.evaluate(row, retry["completion"][0]["content"]).solved
+    assert 15 <= shown <= 45
+    with pytest.raises(ValueError, match="rules"):
+        rule_rows(task, source, rules[:-1], None, [], [], reflection_template="",
+                  retry_template="", seed=0)  # fmt: skip
 
 
 def test_distance_rows_carry_the_offset_and_the_right_fix():

@@ -46,13 +46,27 @@ def test_same_prompt_scope_retrieves_only_that_prompts_lessons_newest_first():
         memory.retrieve("What is 3 + 4?", k=1, scope="nearest")
 
 
+def test_global_scope_is_the_latest_successful_reflection_for_every_prompt():
+    """The ERL paper's rulebook: one entry, the newest, whatever the prompt."""
+    memory = ReflectionMemory(max_size=10)
+    assert memory.retrieve("3#4", k=3, scope="global") == []
+    memory.add("3#4", "a#b = a+b+2", step=1)
+    memory.add("5#1", "a#b = a+b+3", step=1)
+    for prompt in ("3#4", "5#1", "9#9", "anything"):
+        assert memory.retrieve(prompt, k=3, scope="global") == ["a#b = a+b+3"]
+    assert memory.retrieve("3#4", k=0, scope="global") == []
+    restored = ReflectionMemory(max_size=10)
+    restored.load_state_dict(memory.state_dict())  # a resumed (or another) process: the same
+    assert restored.retrieve("x", k=1, scope="global") == ["a#b = a+b+3"]
+
+
 def test_trainer_memory_text_follows_memory_scope(tiny_model_dir, arithmetic_dataset, erl_args):
     from conftest import length_reward
 
     from pipeline import ERLTrainer
 
     texts = {}
-    for scope in ("similar", "same_prompt"):
+    for scope in ("similar", "same_prompt", "global"):
         trainer = ERLTrainer(
             model=tiny_model_dir,
             args=erl_args(memory_scope=scope, memory_top_k=2),
@@ -67,6 +81,7 @@ def test_trainer_memory_text_follows_memory_scope(tiny_model_dir, arithmetic_dat
         )
     assert texts["similar"][0] == "- Count on from 3.\n- The answer is 8."
     assert texts["same_prompt"] == ("- Count on from 3.", "(none yet)")
+    assert texts["global"] == ("- The answer is 8.", "- The answer is 8.")
 
 
 def test_zero_size_memory_stores_nothing_and_negative_is_an_error():
@@ -125,3 +140,43 @@ def test_memory_is_checkpointed_and_restored_on_resume(
 
     trainer.save_model(str(tmp_path / "final"))
     assert len(json.loads((tmp_path / "final" / MEMORY_FILE).read_text())["entries"]) == 16
+
+
+@pytest.mark.slow
+def test_global_rulebook_is_checkpointed_and_restored_on_resume(
+    tiny_model_dir, arithmetic_dataset, erl_args, tmp_path
+):
+    """`memory_scope="global"` keeps no state of its own: the rulebook is the newest entry
+    of the saved memory, so a resumed trainer shows every reflection the same rulebook."""
+    from conftest import alternating_reward
+
+    from pipeline import ERLTrainer
+
+    reward, _ = alternating_reward()
+    options = dict(reward_threshold=0.5, memory_scope="global", memory_size=1)
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=erl_args(max_steps=1, save_strategy="steps", save_steps=1, **options),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=reward,
+    )
+    trainer.train()
+    rulebook = trainer._memory_text("any prompt")
+    assert len(trainer.memory) == 1 and rulebook.startswith("- ")
+    saved = json.loads((tmp_path / "out" / "checkpoint-1" / MEMORY_FILE).read_text())
+    assert "- " + saved["entries"][-1]["reflection"] == rulebook
+
+    reward, _ = alternating_reward()
+    resumed = ERLTrainer(
+        model=tiny_model_dir,
+        args=erl_args(max_steps=2, **options),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=reward,
+    )
+    assert resumed._memory_text("any prompt") == "(none yet)"
+    shown = []  # what step 2's reflection prompts were given as {memory}
+    own = resumed._memory_text
+    resumed._memory_text = lambda text: shown.append(own(text)) or shown[-1]
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+    assert shown and set(shown) == {rulebook}  # every prompt of step 2: the restored rulebook
+    assert resumed.memory.state_dict()["added"] == 16

@@ -177,3 +177,29 @@ def test_plot_run_on_an_empty_folder_draws_an_empty_run_plot(tmp_path):
 def test_nan_metrics_are_skipped_not_plotted():
     fig = build_figure([{"step": 1, R1_KEY: math.inf}, {"step": 2, R1_KEY: 0.5}])
     assert _line_data(fig, "r1 (first attempt)") == ([2], [0.5])
+
+
+def test_plot_run_draws_a_baseline_runs_r1_beside_its_own(tmp_path):
+    """`baseline_run` (RunConfig): another run's r1, e.g. GRPO's, as a dashed line."""
+    from pipeline.run.plots import BASELINE_GID
+
+    run, grpo = tmp_path / "erl", tmp_path / "grpo"
+    run.mkdir()
+    grpo.mkdir()
+    _write_run(run, [_stage(1, 1, 12, 0.75)], {1: _history(1, 12)})
+    baseline = [{"step": s, R1_KEY: s / 40} for s in range(1, 21)]
+    _write_run(grpo, [_stage(1, 1, 10, 0.2), _stage(2, 1, 10, 0.4)],
+               {1: baseline[:10], 2: baseline[10:]})  # fmt: skip
+
+    curves = read_run(grpo).metrics
+    fig = build_figure(
+        _history(1, 12), baseline=([r for k in sorted(curves) for r in curves[k]], "grpo")
+    )
+    steps, values = _line_data(fig, "r1 of grpo")
+    assert steps == list(range(1, 21)) and values == pytest.approx([s / 40 for s in steps])
+    assert [line.get_gid() for line in fig.axes[0].lines].count(BASELINE_GID) == 1
+    _assert_png(plot_run(run, stages=[], baseline=grpo)[0])
+    # A baseline that has logged nothing yet (or does not exist) draws no line.
+    empty = build_figure(_history(1, 12), baseline=([], "none"))
+    assert all(line.get_gid() != BASELINE_GID for line in empty.axes[0].lines)
+    _assert_png(plot_run(run, stages=[], baseline=tmp_path / "missing")[0])

@@ -287,7 +287,7 @@ def test_rl_on_the_learned_model_alone_raises_first_attempt_correctness(models, 
     from pipeline.reward_model.collect import main as collect_main
 
     bench = tmp_path / "bench"
-    warm = run_learning_bench(bench, "--warm_only")["warm_checkpoint"]
+    warm = run_learning_bench(bench, "--task", "arithmetic", "--warm_only")["warm_checkpoint"]
     ratings = tmp_path / "ratings.jsonl"
     code = collect_main(
         [
@@ -303,8 +303,8 @@ def test_rl_on_the_learned_model_alone_raises_first_attempt_correctness(models, 
     assert last.startswith("heldout_pair_accuracy: ") and float(last.split(": ")[1]) >= 0.9
 
     figures = run_learning_bench(
-        bench, "--methods", "grpo", "--steps", "300", "--grpo_steps", "300", "--seeds", "3",
-        "--reward_model", str(tmp_path / "rm"),
+        bench, "--task", "arithmetic", "--methods", "grpo", "--steps", "300", "--seeds", "3",
+        "--skip_gates", "--reward_model", str(tmp_path / "rm"),
     )  # fmt: skip
     start = float(figures["heldout_success_start"])
     assert start < 0.2  # the warm policy mostly fails level 1

@@ -40,6 +40,7 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "reasoning_gym-chain_sum": ("reasoning_gym", {"dataset": "chain_sum"}),
     "reasoning_gym-sokoban": ("reasoning_gym", {"dataset": "sokoban"}),
     "dataset": ("dataset", {}),  # its path is filled in by `_task`
+    "hidden_rule": ("hidden_rule", {}),
 }
 # Examples per family and input kind; every example is scored at every level of the family.
 EXAMPLES = 40

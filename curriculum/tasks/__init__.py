@@ -17,6 +17,7 @@ _REGISTRY: dict[str, str] = {
     "schedule": "curriculum.tasks.schedule:ScheduleTask",
     "reasoning_gym": "curriculum.tasks.reasoning_gym_adapter:ReasoningGymTask",
     "dataset": "curriculum.tasks.dataset_task:DatasetTask",
+    "hidden_rule": "curriculum.tasks.hidden_rule:HiddenRuleTask",
 }
 
 

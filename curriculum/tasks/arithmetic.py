@@ -61,46 +61,57 @@ class ArithmeticTask(Task):
         return f"<answer>{row['answer']}</answer>"
 
     def evaluate(self, row: Row, completion: str) -> Evaluation:
-        expected = int(row["answer"])
-        tag = extract_answer(completion)
-        if tag is None:
-            return Evaluation(
-                0.0,
-                {"format": 0.0, "correctness": 0.0, "milestones": 0.0},
-                error="No <answer>...</answer> tag found; reply exactly <answer>N</answer>.",
-            )
-        strict = _STRICT.fullmatch(completion)
-        content = tag.text
-        feedback: dict[str, str] = {}
-        if strict is None:
-            feedback["format"] = (
-                "The reply must be exactly <answer>N</answer> with an integer N and nothing else."
-            )
-        if not re.fullmatch(r"-?\d+", content):
-            feedback["correctness"] = f"The answer {shorten(content)!r} is not an integer."
-            return Evaluation(0.0, {"format": 0.0, "correctness": 0.0, "milestones": 0.0}, feedback)
-        negative = content.startswith("-")
-        digits = content.lstrip("-").lstrip("0")
-        if len(digits) > MAX_DIGITS:
-            side = "too low" if negative else "too high"
-            feedback["correctness"] = f"The answer has {len(digits)} digits: it is far {side}."
-            feedback["milestones"] = f"An answer of {len(digits)} digits is nowhere near."
-            breakdown = {"format": 1.0 if strict is not None else 0.5, "correctness": 0.0}
-            return Evaluation(0.0, {**breakdown, "milestones": 0.0}, feedback)
-        value = -int(digits or "0") if negative else int(digits or "0")
-        correct = strict is not None and value == expected
-        if value != expected:
-            direction = "too low" if value < expected else "too high"
-            feedback["correctness"] = f"The answer {value} is wrong: it is {direction}."
-            if self.config.reveal_answer:
-                feedback["correctness"] += f" The correct answer is {expected}."
-            feedback["milestones"] = f"The answer {value} is off by {abs(value - expected)}."
-        breakdown = {
-            "format": 1.0 if strict is not None else 0.5,
-            "correctness": 1.0 if correct else 0.0,
-            "milestones": closeness(value, expected),
-        }
-        return Evaluation(breakdown["correctness"], breakdown, feedback)
+        return evaluate_integer(completion, int(row["answer"]), self.config.reveal_answer)
+
+
+def evaluate_integer(
+    completion: str, expected: int, reveal_answer: bool, *, state_gap: bool = False
+) -> Evaluation:
+    """The verdict on an `<answer>N</answer>` reply to a question whose answer is `expected`:
+    format, correctness and milestones (closeness), with feedback that says the direction
+    of the error ("too low"), and its size too when `state_gap` ("3 too low"). The answer
+    itself only with `reveal_answer`. Shared by the integer-answer families."""
+    tag = extract_answer(completion)
+    if tag is None:
+        return Evaluation(
+            0.0,
+            {"format": 0.0, "correctness": 0.0, "milestones": 0.0},
+            error="No <answer>...</answer> tag found; reply exactly <answer>N</answer>.",
+        )
+    strict = _STRICT.fullmatch(completion)
+    content = tag.text
+    feedback: dict[str, str] = {}
+    if strict is None:
+        feedback["format"] = (
+            "The reply must be exactly <answer>N</answer> with an integer N and nothing else."
+        )
+    if not re.fullmatch(r"-?\d+", content):
+        feedback["correctness"] = f"The answer {shorten(content)!r} is not an integer."
+        return Evaluation(0.0, {"format": 0.0, "correctness": 0.0, "milestones": 0.0}, feedback)
+    negative = content.startswith("-")
+    digits = content.lstrip("-").lstrip("0")
+    if len(digits) > MAX_DIGITS:
+        side = "too low" if negative else "too high"
+        feedback["correctness"] = f"The answer has {len(digits)} digits: it is far {side}."
+        feedback["milestones"] = f"An answer of {len(digits)} digits is nowhere near."
+        breakdown = {"format": 1.0 if strict is not None else 0.5, "correctness": 0.0}
+        return Evaluation(0.0, {**breakdown, "milestones": 0.0}, feedback)
+    value = -int(digits or "0") if negative else int(digits or "0")
+    correct = strict is not None and value == expected
+    if value != expected:
+        direction = "too low" if value < expected else "too high"
+        gap = abs(value - expected)
+        size = f"{gap} " if state_gap else ""
+        feedback["correctness"] = f"The answer {value} is wrong: it is {size}{direction}."
+        if reveal_answer:
+            feedback["correctness"] += f" The correct answer is {expected}."
+        feedback["milestones"] = f"The answer {value} is off by {gap}."
+    breakdown = {
+        "format": 1.0 if strict is not None else 0.5,
+        "correctness": 1.0 if correct else 0.0,
+        "milestones": closeness(value, expected),
+    }
+    return Evaluation(breakdown["correctness"], breakdown, feedback)
 
 
 def closeness(value: int, expected: int) -> float:

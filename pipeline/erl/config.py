@@ -89,6 +89,14 @@ class ERLConfig(GRPOConfig):
     enable_memory: bool = field(
         default=True, metadata={"help": "Use the cross-episode reflection memory."}
     )
+    enable_reflection: bool = field(
+        default=True,
+        metadata={
+            "help": "Write a reflection before the retry. False (an ablation): the retry reads "
+            "the raw feedback in the retry template's {reflection} slot, no reflection rows are "
+            "trained, and nothing enters the memory."
+        },
+    )
     enable_internalization: bool = field(
         default=True,
         metadata={"help": "Distil successful retries into answers to the original prompt."},
@@ -129,7 +137,9 @@ class ERLConfig(GRPOConfig):
             "help": "Which stored reflections a reflection prompt retrieves. 'same_prompt': only "
             "reflections written for this very prompt (from earlier epochs), newest first, so "
             "lessons specific to another problem never reach it. 'similar': the memory_top_k "
-            "most lexically similar prompts' reflections (other problems' too)."
+            "most lexically similar prompts' reflections (other problems' too). 'global': the "
+            "ERL paper's rulebook, the latest reflection whose retry succeeded, shown to every "
+            "reflection whatever its prompt (for tasks whose lessons carry over)."
         },
     )
     memory_budget: float = field(

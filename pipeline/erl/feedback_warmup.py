@@ -18,6 +18,11 @@ Two feedback kinds (`style`), both produced by the real feedback function:
 - `"reveal"`: the task's `reveal_answer` feedback ("... The correct answer is 8."); the
   reflection restates it ("The answer is 8.").
 
+For the hidden-rule family, `rule_rows` builds the same two rows from the attempt that
+reads the unknown operation as + ("3@4" -> 7), its real feedback ("it is 2 too low") and
+the rule as the reflection ("a@b = a+b+2"), over many rules, so that the model learns to
+read a rule from feedback without learning any one rule.
+
 `sft_warmup(..., dataset=Dataset.from_list(feedback_rows(...)))` (pipeline/run/warmup.py)
 trains on them.
 """
@@ -66,12 +71,13 @@ def feedback_rows(
     the warm-up shows the model exactly the feedback and (weighted) reward it will read.
     The memory shown is what the run's `memory_scope` retrieves: `"similar"`, up to
     `memory_top_k` reflections written for other prompts; `"same_prompt"`, none (a prompt
-    not fixed before) or, for half the rows, this prompt's own earlier fix.
+    not fixed before) or, for half the rows, this prompt's own earlier fix; `"global"`, none
+    (no retry has succeeded yet) or, for three rows in four, one reflection written for
+    another prompt (the rulebook: the latest one whose retry succeeded).
     """
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
-    if memory_scope not in MEMORY_SCOPES:
-        raise ValueError(f"memory_scope must be one of {MEMORY_SCOPES}, got {memory_scope!r}")
+    _check_scope(memory_scope)
     if max_offset < 1:
         raise ValueError(f"max_offset must be >= 1, got {max_offset}")
     rng = random.Random(seed)
@@ -80,6 +86,76 @@ def feedback_rows(
         answer = int(row["answer"])
         attempts.append(answer + rng.choice([-1, 1]) * rng.randint(1, max_offset))
         answers.append(answer)
+    feedback, rewards = _verdicts(rows, attempts, feedback_func, reward_funcs, reward_weights)
+    reflections = [reflection_target(a, b, style) for a, b in zip(attempts, answers)]
+
+    out = []
+    for i, row in enumerate(rows):
+        if memory_scope == "similar":  # reflections that worked on other prompts
+            lessons = [reflections[j] for j in rng.sample(range(len(rows)), rng.randint(0, 3))]
+            lessons = [lesson for lesson in lessons if lesson != reflections[i]][:memory_top_k]
+        elif memory_top_k == 0:
+            lessons = []
+        elif memory_scope == "global":  # the rulebook: another prompt's successful fix
+            others = [j for j in range(len(rows)) if reflections[j] != reflections[i]]
+            lessons = [reflections[rng.choice(others)]] if others and rng.random() < 0.75 else []
+        elif rng.random() < 0.5:  # same_prompt: this prompt's fix of an earlier attempt
+            earlier = answers[i] + rng.choice([-1, 1]) * rng.randint(1, max_offset)
+            lessons = [reflection_target(earlier, answers[i], style)]
+        else:  # a prompt not seen, or not fixed, before
+            lessons = []
+        out += _pair(task, row, reflection_template, retry_template, attempts[i], feedback[i],
+                     rewards[i], lessons, reflections[i])  # fmt: skip
+    return out
+
+
+def rule_rows(
+    task: Task,
+    rows: Sequence[Row],
+    rules: Sequence[str],
+    feedback_func: Callable[..., list[str]],
+    reward_funcs: Sequence[Callable[..., list[float]]],
+    reward_weights: Sequence[float],
+    *,
+    reflection_template: str,
+    retry_template: str,
+    seed: int,
+    memory_top_k: int = 3,
+    memory_scope: str = "global",
+) -> list[dict[str, Any]]:
+    """Two SFT rows (reflection, retry) per row of a hidden-rule task whose rule is
+    `rules[i]` (say "a@b = a+b+2", the level-1 form a+b+k): the first attempt reads the
+    unknown operation as + (a+b, from the row's meta), the run's feedback says how far off
+    it is ("it is 2 too low"), and the reflection states the rule; the retry with that
+    reflection gives the answer. Rows of many rules (other symbols, other constants) teach
+    the reading without teaching any one rule.
+
+    The memory shown is what the run's `memory_scope` retrieves once the rule has been
+    found: for half the rows, the rule (once; `similar`: up to `memory_top_k` times, every
+    prompt's reflection being the same rule), else none.
+    """
+    _check_scope(memory_scope)
+    if len(rules) != len(rows):
+        raise ValueError(f"{len(rows)} rows but {len(rules)} rules")
+    rng = random.Random(seed)
+    attempts = [task.meta(row)["a"] + task.meta(row)["b"] for row in rows]
+    feedback, rewards = _verdicts(rows, attempts, feedback_func, reward_funcs, reward_weights)
+    out = []
+    for i, row in enumerate(rows):
+        copies = rng.randint(1, max(1, memory_top_k)) if memory_scope == "similar" else 1
+        lessons = [rules[i]] * copies if memory_top_k and rng.random() < 0.5 else []
+        out += _pair(task, row, reflection_template, retry_template, attempts[i], feedback[i],
+                     rewards[i], lessons, rules[i])  # fmt: skip
+    return out
+
+
+def _check_scope(memory_scope: str) -> None:
+    if memory_scope not in MEMORY_SCOPES:
+        raise ValueError(f"memory_scope must be one of {MEMORY_SCOPES}, got {memory_scope!r}")
+
+
+def _verdicts(rows, attempts, feedback_func, reward_funcs, reward_weights):
+    """The run's feedback and weighted reward for `<answer>attempt</answer>` on each row."""
     completions = [[{"role": "assistant", "content": f"<answer>{a}</answer>"}] for a in attempts]
     columns = {name: [row[name] for row in rows] for name in ("task", "level", "answer", "meta")}
     prompts = [row["prompt"] for row in rows]
@@ -88,35 +164,27 @@ def feedback_rows(
     for func, weight in zip(reward_funcs, reward_weights, strict=True):
         values = func(prompts=prompts, completions=completions, **columns)
         rewards = [r + weight * v for r, v in zip(rewards, values)]
-    reflections = [reflection_target(a, b, style) for a, b in zip(attempts, answers)]
+    return feedback, rewards
 
-    out = []
-    for i, row in enumerate(rows):
-        if memory_scope == "similar":  # reflections that worked on other prompts
-            lessons = [reflections[j] for j in rng.sample(range(len(rows)), rng.randint(0, 3))]
-            lessons = [lesson for lesson in lessons if lesson != reflections[i]][:memory_top_k]
-        elif memory_top_k > 0 and rng.random() < 0.5:  # this prompt's fix of an earlier attempt
-            earlier = answers[i] + rng.choice([-1, 1]) * rng.randint(1, max_offset)
-            lessons = [reflection_target(earlier, answers[i], style)]
-        else:  # a prompt not seen, or not fixed, before
-            lessons = []
-        out.append(
-            {
-                "prompt": reflection_prompt(
-                    row["prompt"],
-                    reflection_template,
-                    attempt=completions[i][0]["content"],
-                    feedback=feedback[i],
-                    reward=float(rewards[i]),
-                    memory=memory_text(lessons),
-                ),
-                "completion": [{"role": "assistant", "content": reflections[i]}],
-            }
-        )
-        out.append(
-            {
-                "prompt": retry_prompt(row["prompt"], retry_template, reflections[i]),
-                "completion": [{"role": "assistant", "content": task.reference(row)}],
-            }
-        )
-    return out
+
+def _pair(task, row, reflection_template, retry_template, attempt, feedback, reward, lessons,
+          reflection) -> list[dict[str, Any]]:  # fmt: skip
+    """The reflection row (prompt, attempt, feedback, reward, memory -> reflection) and the
+    retry row (prompt with the reflection -> the reference answer)."""
+    return [
+        {
+            "prompt": reflection_prompt(
+                row["prompt"],
+                reflection_template,
+                attempt=f"<answer>{attempt}</answer>",
+                feedback=feedback,
+                reward=float(reward),
+                memory=memory_text(lessons),
+            ),
+            "completion": [{"role": "assistant", "content": reflection}],
+        },
+        {
+            "prompt": retry_prompt(row["prompt"], retry_template, reflection),
+            "completion": [{"role": "assistant", "content": task.reference(row)}],
+        },
+    ]

@@ -11,7 +11,9 @@ from pathlib import Path
 from curriculum.atomic import atomic_write_json
 
 MEMORY_FILE = "erl_memory.json"
-MEMORY_SCOPES = ("similar", "same_prompt")  # what `retrieve` (and ERLConfig.memory_scope) take
+# What `retrieve` (and ERLConfig.memory_scope) take: this prompt's own reflections, the most
+# similar prompts', or the ERL paper's rulebook (the latest successful one, for every prompt).
+MEMORY_SCOPES = ("similar", "same_prompt", "global")
 _WORD = re.compile(r"\w+")
 
 
@@ -61,11 +63,23 @@ class ReflectionMemory:
     def retrieve(self, prompt: str, k: int, scope: str = "similar") -> list[str]:
         """The `k` reflections most relevant to `prompt` (Jaccard word overlap; recency breaks
         ties). `scope="same_prompt"`: only reflections written for this exact prompt, newest
-        first (a lesson for another problem can mislead: measured: docs/log.md)."""
+        first (a lesson for another problem can mislead: measured: docs/log.md).
+        `scope="global"`: the newest reflection alone, whatever its prompt: entries are
+        added only when their retry succeeded, so this is the ERL paper's rulebook, the
+        latest reflection that produced a successful retry, shown to every reflection.
+
+        >>> memory = ReflectionMemory(max_size=2)
+        >>> memory.add("3#4", "a#b = a+b+2", step=1)
+        >>> memory.add("5#1", "a#b = a+b+3", step=2)
+        >>> memory.retrieve("8#8", k=3, scope="global")
+        ['a#b = a+b+3']
+        """
         if scope not in MEMORY_SCOPES:
-            raise ValueError(f"scope must be 'similar' or 'same_prompt', got {scope!r}")
+            raise ValueError(f"scope must be one of {list(MEMORY_SCOPES)}, got {scope!r}")
         if k <= 0 or not self._entries:
             return []
+        if scope == "global":
+            return [self._entries[-1].reflection]
         if scope == "same_prompt":
             own = [entry for entry in reversed(self._entries) if entry.prompt == prompt]
             return [entry.reflection for entry in own[:k]]

@@ -5,8 +5,8 @@ Per generation batch, after GRPO has generated and scored the first attempts y1:
 1. first attempt: y1, reward r1 (GRPO's weighted reward) and feedback from `feedback_func`;
 2. gating: rows with r1 < `reward_threshold` go on;
 3. reflection: one generation per gated row from `reflection_system_prompt`, with the
-   `memory_top_k` stored reflections of the same prompt (`memory_scope`, or the most
-   similar prompts');
+   `memory_top_k` stored reflections of the same prompt (`memory_scope`; or the most
+   similar prompts'; or, `global`, the newest one: the ERL paper's rulebook);
 4. retry: one generation y2 from `retry_system_prompt`; r2 is scored by the reward
    functions against the ORIGINAL row (its answer/metadata columns);
 5. memory: reflections whose retry reached the threshold enter the FIFO memory;
@@ -286,23 +286,26 @@ class ERLTrainer(GRPOTrainer):
         )
 
         prompt_texts = [prompt_text(p) for p in g_prompts]
-        reflection_prompts = [
-            reflection_prompt(
-                g_prompts[j],
-                self.args.reflection_system_prompt,
-                attempt=completion_text(completions[i]),
-                feedback=feedback[j],
-                reward=g_r1[j].item(),
-                memory=self._memory_text(prompt_texts[j]),
+        if self.args.enable_reflection:
+            reflection_prompts = [
+                reflection_prompt(
+                    g_prompts[j],
+                    self.args.reflection_system_prompt,
+                    attempt=completion_text(completions[i]),
+                    feedback=feedback[j],
+                    reward=g_r1[j].item(),
+                    memory=self._memory_text(prompt_texts[j]),
+                )
+                for j, i in enumerate(idx)
+            ]
+            reflection_len = (
+                self.args.reflection_max_completion_length or self.args.max_completion_length
             )
-            for j, i in enumerate(idx)
-        ]
-        reflection_len = (
-            self.args.reflection_max_completion_length or self.args.max_completion_length
-        )
-        refl_prompt_ids, refl_ids, reflections, refl_logps = self._generate_rows(
-            reflection_prompts, reflection_len, generation_budget
-        )
+            refl_prompt_ids, refl_ids, reflections, refl_logps = self._generate_rows(
+                reflection_prompts, reflection_len, generation_budget
+            )
+        else:  # the ablation: the retry reads the raw feedback where the reflection would be
+            reflections = list(feedback)
 
         retry_prompts = [
             retry_prompt(g_prompts[j], self.args.retry_system_prompt, reflections[j].strip())
@@ -338,32 +341,34 @@ class ERLTrainer(GRPOTrainer):
             v and reaches_threshold(r, self.args.reward_threshold)
             for v, r in zip(scored, r2.tolist())
         ]
-        self._remember(
-            [(prompt_texts[j], reflections[j].strip()) for j in range(len(idx)) if success[j]]
-        )
+        if self.args.enable_reflection:  # without one there is no lesson to store
+            self._remember(
+                [(prompt_texts[j], reflections[j].strip()) for j in range(len(idx)) if success[j]]
+            )
 
         # Untrained retries stay as inert rows: every process keeps the same row count.
         trained = list(valid) if self.args.train_retries else [False] * len(valid)
         new_rows = NewRows(
-            refl_prompt_ids,
-            refl_ids,
-            advantages,
-            trained,
-            self._trainable(refl_ids),
-            refl_logps,
+            retry_prompt_ids,
+            retry_ids,
+            list(advantages),
+            list(trained),
+            self._trainable(retry_ids),
+            retry_logps,
             parts=[PART_RETRY] * len(idx),
         )
-        new_rows.extend(
-            NewRows(
-                retry_prompt_ids,
-                retry_ids,
-                list(advantages),
-                list(trained),
-                self._trainable(retry_ids),
-                retry_logps,
+        if self.args.enable_reflection:
+            reflection_rows = NewRows(
+                refl_prompt_ids,
+                refl_ids,
+                advantages,
+                trained,
+                self._trainable(refl_ids),
+                refl_logps,
                 parts=[PART_RETRY] * len(idx),
             )
-        )
+            reflection_rows.extend(new_rows)
+            new_rows = reflection_rows
         internalize = self.args.enable_internalization and self.args.internalization_coef > 0
         kept = [j for j in range(len(idx)) if success[j]] if internalize else []
         if kept:

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         _export(model, tokenizer, run, layout)
         from pipeline.run.plots import plot_run
 
-        plot_run(layout.root, stages=[])
+        plot_run(layout.root, stages=[], baseline=run.baseline_run)
     distributed.wait_for_everyone()
     promoted = sum(1 for s in state.stages if s.status == "promoted")
     logger.info(

@@ -111,6 +111,13 @@ class RunConfig:
             "help": "Also export final/ as GGUF with this quantization, e.g. q4_k_m (Unsloth, GPU)."
         },
     )
+    baseline_run: str = field(
+        default="",
+        metadata={
+            "help": "Another run's output_dir (e.g. the same recipe with the gate closed: GRPO) "
+            "whose r1 curve reward_curve.png draws beside this run's."
+        },
+    )
     log_generations_every: int = field(
         default=20,
         metadata={"help": "Append sampled generations to generations.jsonl every N reward calls."},
@@ -241,6 +248,7 @@ RESUME_SAFE_OPTIONS = frozenset(
         "save_total_limit",
         "save_merged",
         "save_gguf",
+        "baseline_run",
     }
 )
 

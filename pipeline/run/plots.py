@@ -32,8 +32,9 @@ from pipeline.layout import METRICS_FILE, RunLayout
 logger = logging.getLogger(__name__)
 
 R1_KEY, R2_KEY = "erl/r1_mean", "erl/r2_mean"
-BOUNDARY_GID, EVAL_GID = "stage_boundary", "eval_reward"
-"""Artist ids of the stage lines and eval markers, so tests and tools can find them."""
+BOUNDARY_GID, EVAL_GID, BASELINE_GID = "stage_boundary", "eval_reward", "baseline_r1"
+"""Artist ids of the stage lines, eval markers and baseline line, so tests and tools can
+find them."""
 
 Boundary = tuple[float, str]
 EvalPoint = tuple[float, float, str]
@@ -63,8 +64,10 @@ def build_figure(
     stage_boundaries: Sequence[Boundary] | None = None,
     eval_rewards: Sequence[EvalPoint] | None = None,
     title: str | None = None,
+    baseline: tuple[Sequence[dict[str, Any]], str] | None = None,
 ):
-    """The reward-curve Figure: r1/r2 lines, a dashed line per stage boundary, eval markers."""
+    """The reward-curve Figure: r1/r2 lines, a dashed line per stage boundary, eval markers,
+    and, given `baseline` = (another run's history, its label), that run's r1 as a line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -81,6 +84,13 @@ def build_figure(
             ax.plot(
                 steps, values, label=label, color=color, marker=".", markersize=3, linewidth=1.2
             )
+    if baseline is not None:
+        steps, values = _series(baseline[0], R1_KEY)
+        if steps:
+            ax.plot(
+                steps, values, label=f"r1 of {baseline[1]}", color="dimgrey", linestyle="--",
+                linewidth=1.2, gid=BASELINE_GID,
+            )  # fmt: skip
     for step, label in stage_boundaries or []:
         ax.axvline(step, color="grey", linestyle="--", linewidth=0.8, gid=BOUNDARY_GID)
         ax.annotate(
@@ -151,15 +161,21 @@ def plot_reward_curves(
     stage_boundaries: Sequence[Boundary] | None = None,
     eval_rewards: Sequence[EvalPoint] | None = None,
     title: str | None = None,
+    baseline: tuple[Sequence[dict[str, Any]], str] | None = None,
 ) -> Path:
     """Draw r1/r2 over steps with stage boundaries and eval markers to a PNG; returns its path.
 
     `history`: one dict per logged step with `step` and `erl/r1_mean` / `erl/r2_mean`
     (missing or NaN values are skipped). `stage_boundaries`: (step, label) pairs.
-    `eval_rewards`: (step, value, label) triples.
+    `eval_rewards`: (step, value, label) triples. `baseline`: (history, label) of another
+    run, whose r1 is drawn as a dashed line.
     """
     fig = build_figure(
-        history, stage_boundaries=stage_boundaries, eval_rewards=eval_rewards, title=title
+        history,
+        stage_boundaries=stage_boundaries,
+        eval_rewards=eval_rewards,
+        title=title,
+        baseline=baseline,
     )
     return save_figure(fig, path)
 
@@ -251,15 +267,22 @@ def plot_run(
     *,
     eval_rewards: dict[int, float] | None = None,
     run_curve: bool = True,
+    baseline: str | os.PathLike[str] | None = None,
 ) -> list[Path]:
     """(Re)draw the run's reward_curve.png (unless `run_curve` is False) and one per
     existing stage folder (only those in `stages` when given, so that finished stages'
     files stay untouched); returns the paths written. `eval_rewards`: stage -> eval reward
     not yet in the state file (a stage is drawn before the state marks it finished).
-    Never raises on a partial run (missing state or metrics)."""
+    `baseline`: another run's output folder (a GRPO run of the same recipe, say), whose r1
+    over its run-global steps is drawn on the run's curve; a folder without metrics yet
+    draws nothing. Never raises on a partial run (missing state or metrics)."""
     layout = RunLayout(output_dir)
     curves = read_run(layout.root, eval_rewards)
     history = [record for k in sorted(curves.metrics) for record in curves.metrics[k]]
+    other = None
+    if baseline:
+        others = read_run(baseline).metrics
+        other = ([r for k in sorted(others) for r in others[k]], Path(baseline).resolve().name)
     written = []
     if run_curve:
         written.append(
@@ -269,6 +292,7 @@ def plot_run(
                 stage_boundaries=curves.boundaries,
                 eval_rewards=[curves.evals[k] for k in sorted(curves.evals)],
                 title=f"ERL reward curves: {layout.root.resolve().name}",
+                baseline=other,
             )
         )
     for k, records in sorted(curves.metrics.items()):

@@ -225,7 +225,7 @@ def run_stage(
     kill_point("recorded", stage)
     if main_process:
         shutil.rmtree(checkpoints, ignore_errors=True)  # a finished stage never resumes
-        plot_run(layout.root, stages=[])
+        plot_run(layout.root, stages=[], baseline=run.baseline_run)
     wait_for_everyone()
     logger.info(_summary(stage, level, steps, decision, callback.r2_mean(), evaluation))
 

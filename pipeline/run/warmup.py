@@ -35,6 +35,30 @@ def reference_dataset(task: Task, level: int, n: int, seed: int) -> Dataset:
     )
 
 
+def warmup_config(
+    *, steps: int, batch_size: int, learning_rate: float, args, output_dir: str
+) -> SFTConfig:
+    """The warm-up's SFTConfig: cosine decay after a 5% linear warm-up, completion-only loss;
+    `args` (the run's ERLConfig) lends the device, precision, reporting, seed and console."""
+    return SFTConfig(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, steps // 20),
+        logging_steps=max(1, steps // 10),
+        save_strategy="no",
+        report_to=copy.copy(args.report_to),
+        bf16=args.bf16,
+        fp16=args.fp16,
+        use_cpu=args.use_cpu,
+        seed=args.seed,
+        completion_only_loss=True,
+        disable_tqdm=args.disable_tqdm,
+    )
+
+
 def sft_warmup(
     model,
     tokenizer,
@@ -57,22 +81,12 @@ def sft_warmup(
     unless `disable_tqdm`, the logged dictionaries too at `log_level` info or debug.
     `dataset` (prompt-completion rows) replaces the `examples` reference solutions at `level`.
     """
-    config = SFTConfig(
-        output_dir=output_dir,
-        max_steps=steps,
-        per_device_train_batch_size=batch_size,
+    config = warmup_config(
+        steps=steps,
+        batch_size=batch_size,
         learning_rate=learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=max(1, steps // 20),
-        logging_steps=max(1, steps // 10),
-        save_strategy="no",
-        report_to=copy.copy(args.report_to),
-        bf16=args.bf16,
-        fp16=args.fp16,
-        use_cpu=args.use_cpu,
-        seed=args.seed,
-        completion_only_loss=True,
-        disable_tqdm=args.disable_tqdm,
+        args=args,
+        output_dir=output_dir,
     )
     if dataset is None:
         dataset = reference_dataset(

@@ -1,0 +1,482 @@
+"""The learning bench's arms: its settings, one schedule for every arm, cache keys, training.
+
+Every arm of a comparison trains from one warm checkpoint on the same rows in the same
+order, with the same optimizer and learning-rate schedule (`common_args`: the schedule's
+horizon is `--steps` for every arm; an arm stopped early with `--stop` keeps the schedule
+and is cut off). `tests/test_learning_bench.py` builds every arm's config and steps the
+schedulers to check it. A run's cache key hashes everything its result depends on
+(`run_key`), and the warm checkpoint's key hashes its data and its SFT config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.models.backend import activate_backend
+
+activate_backend("transformers")  # a CPU bench: TRL's SDPO trainer is not Unsloth's
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+import trl  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
+from transformers.trainer_callback import PrinterCallback  # noqa: E402
+
+import pipeline.erl.trainer as erl_trainer  # noqa: E402
+from curriculum.tasks import get_task  # noqa: E402
+from pipeline import ERLConfig, ERLTrainer  # noqa: E402
+from pipeline.evaluate.first_attempts import (  # noqa: E402
+    evaluate_first_attempts,
+    generate_completions,
+    score_completions,
+)
+from rewards import Scorer, build_feedback_func, build_reward_funcs  # noqa: E402
+
+BENCH_SCHEMA = 2
+"""Part of every cache key: bump it on any change to how a run trains or what it records."""
+
+# Short templates: the tiny model reads these; the defaults are written for real LLMs.
+REFLECTION_TEMPLATE = (
+    "{prompt}\nAttempt: {attempt}\nFeedback: {feedback}\nReward: {reward:.1f}\n"
+    "Lessons:\n{memory}\nFix:"
+)
+RETRY_TEMPLATE = "{prompt}\nHint: {reflection}"
+REWARDS = {  # --reward
+    "binary": {"correctness": 1.0},  # the sparse right/wrong reward
+    "partial": {"correctness": 0.8, "milestones": 0.2},  # closeness as partial credit
+}
+FEEDBACK = {  # --style: what the feedback reports (it may name more signals than the reward)
+    "distance": {"correctness": 1.0, "milestones": 1.0},  # "too low ... off by 3"
+    "reveal": {"correctness": 1.0},  # with reveal_answer: "The correct answer is 8."
+    "rule": {"correctness": 1.0},  # hidden_rule: "The answer 7 is wrong: it is 2 too low."
+}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One way to train: ERLTrainer with `overrides`, or TRL's SDPOTrainer given `context`."""
+
+    trainer: str = "erl"  # "erl" | "sdpo"
+    overrides: tuple = ()  # ERLConfig (or SDPOConfig) options, as sorted (name, value) pairs
+    matched: bool = False  # --matched_generations completions per prompt, same prompts/step
+    context: str = ""  # SDPO's privileged_context: "feedback", "rule" or "" (none)
+
+
+def arm(trainer: str = "erl", matched: bool = False, context: str = "", **overrides) -> Arm:
+    return Arm(trainer, tuple(sorted(overrides.items())), matched, context)
+
+
+GRPO_GATE = {"reward_threshold": -1.0}  # every reward is >= -0.5: the gate stays closed
+ARMS = {
+    "grpo": arm(**GRPO_GATE),  # ERLTrainer with the gate closed trains exactly like GRPO
+    "grpo_matched": arm(matched=True, **GRPO_GATE),  # as many tokens per step as ERL
+    "erl": arm(),
+    # TRL's SDPO: the teacher is the model reprompted with the row's privileged_context
+    # (the feedback on the warm checkpoint's greedy first attempt) and a successful sibling.
+    "sdpo": arm("sdpo", context="feedback", include_environment_feedback=True),
+}
+ABLATIONS = {
+    "erl_no_memory": arm(enable_memory=False),
+    "erl_no_internalization": arm(enable_internalization=False),
+    "erl_no_reflection": arm(enable_reflection=False),  # the retry reads the raw feedback
+    "erl_global": arm(memory_scope="global"),
+    "erl_same_prompt": arm(memory_scope="same_prompt"),
+    "erl_similar": arm(memory_scope="similar"),
+}
+VARIANTS = {  # further arms: docs/log.md has what each measured
+    # A second sample of the original prompt: the retry template drops the reflection (still
+    # generated, one token long, and trained with the retry's advantage). It was called
+    # erl_no_reflection before the raw-feedback ablation existed.
+    "erl_second_sample": arm(retry_system_prompt="{prompt}", reflection_max_completion_length=1),
+    "erl_untrained_retries": arm(train_retries=False),
+    "erl_improvement": arm(retry_advantage="improvement"),
+    "erl_per_part": arm(loss_normalization="per_part"),
+    "erl_coef3": arm(internalization_coef=3.0),
+    "erl_nomem_coef10": arm(enable_memory=False, internalization_coef=10.0),
+    "erl_untrained_retries_coef10": arm(train_retries=False, internalization_coef=10.0),
+    "sdpo_sibling": arm("sdpo", include_environment_feedback=False),  # the floor
+    "sdpo_rule": arm("sdpo", context="rule", include_environment_feedback=True),  # a bound
+    "sdpo_mixed": arm(
+        "sdpo", context="feedback", include_environment_feedback=True, distillation_weight=0.5
+    ),
+}
+ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every option a run's result depends on (all of it goes into the cache key)."""
+
+    task: str
+    level: int
+    rule_seed: int
+    style: str
+    reward: str
+    steps: int  # every arm's max_steps: the horizon of the one schedule
+    lr: float
+    lr_scheduler: str
+    lr_warmup_steps: int
+    batch: int  # first attempts per step
+    generations: int
+    matched_generations: int
+    max_tokens: int
+    reflection_tokens: int
+    memory_scope: str  # the erl arm's (and the ablations')
+    warmup_steps: int
+    warmup_lr: float
+    feedback_examples: int
+    feedback_levels: str
+    reference_examples: int
+    warmup_memory: str
+    hidden: int
+    layers: int
+    eval_n: int
+    eval_every: int
+    stop: str = ""  # "arm=step,...": stop those arms early, on the same schedule
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.batch // self.generations
+
+    def stop_at(self, name: str) -> int:
+        """The step at which arm `name` stops (the horizon unless --stop says earlier)."""
+        for item in filter(None, self.stop.split(",")):
+            arm_name, step = item.split("=")
+            if arm_name == name:
+                return min(int(step), self.steps)
+        return self.steps
+
+
+# The task and its rewards -------------------------------------------------------------------
+
+
+def make_task(s: Settings, **config):
+    if s.task == "hidden_rule":
+        return get_task("hidden_rule", rule_seed=s.rule_seed, **config)
+    return get_task(s.task, reveal_answer=s.style == "reveal", **config)
+
+
+def make_funcs(task, s: Settings):
+    """(reward_funcs, weights, feedback_func): the run's reward and the feedback ERL reads."""
+    scorer = Scorer(task)
+    reward_funcs, weights = build_reward_funcs(task, REWARDS[s.reward], scorer=scorer)
+    return reward_funcs, weights, build_feedback_func(task, FEEDBACK[s.style], scorer=scorer)
+
+
+def train_rows(task, s: Settings, seed: int) -> list[dict]:
+    """The rows of one seed, the same for every arm: seeds stay below the held-out ones."""
+    return task.generate(s.level, s.steps * s.prompts_per_step, seed=100_000 * (seed + 1))
+
+
+# One schedule and optimizer for every arm -------------------------------------------------
+
+SCHEDULE_FIELDS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "max_steps",
+    "optim",
+    "optim_args",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "weight_decay",
+    "max_grad_norm",
+    "gradient_accumulation_steps",
+    "temperature",
+)
+"""The options a test compares across the arms of a comparison (and then steps)."""
+
+
+def common_args(s: Settings, output_dir: str, seed: int) -> dict[str, Any]:
+    """What every arm's config holds alike: the schedule, the optimizer, the sampling, the
+    device. Set explicitly, so that no arm inherits another default (ERLConfig and
+    SDPOConfig have different learning-rate defaults, for one)."""
+    return dict(
+        output_dir=output_dir,
+        max_steps=s.steps,
+        learning_rate=s.lr,
+        lr_scheduler_type=s.lr_scheduler,
+        warmup_steps=s.lr_warmup_steps,
+        optim="adamw_torch_fused",  # the transformers default the earlier runs had
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        gradient_accumulation_steps=1,
+        temperature=1.0,
+        max_completion_length=s.max_tokens,
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        seed=seed,
+        disable_tqdm=True,
+    )
+
+
+def arm_config(name: str, s: Settings, output_dir: str, seed: int, reward_weights=None):
+    """The trainer config arm `name` trains with (ERLConfig, or SDPOConfig for SDPO)."""
+    spec = ALL_ARMS[name]
+    generations = s.matched_generations if spec.matched else s.generations
+    settings = common_args(s, output_dir, seed) | dict(
+        per_device_train_batch_size=s.prompts_per_step * generations,
+        num_generations=generations,
+        reward_weights=reward_weights,
+    )
+    if spec.trainer == "sdpo":
+        from trl.experimental.sdpo import SDPOConfig
+
+        return SDPOConfig(**settings, success_reward_threshold=1.0, **dict(spec.overrides))
+    settings |= dict(
+        reflection_max_completion_length=s.reflection_tokens,
+        reflection_system_prompt=REFLECTION_TEMPLATE,
+        retry_system_prompt=RETRY_TEMPLATE,
+        memory_scope=s.memory_scope,
+    )
+    return ERLConfig(**(settings | dict(spec.overrides)))
+
+
+# Cache keys ---------------------------------------------------------------------------------
+
+PATH_FIELDS = ("output_dir", "logging_dir")
+
+
+def digest(value: Any) -> str:
+    """A short SHA-1 of `value` as canonical JSON."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def config_fingerprint(config) -> dict[str, Any]:
+    """Every option of a resolved trainer config except where it writes."""
+    return {k: v for k, v in config.to_dict().items() if k not in PATH_FIELDS}
+
+
+def run_key(
+    name: str, seed: int, s: Settings, warm_key: str, config, rows, extra: dict | None = None
+) -> str:
+    """The cache key of one run: the bench schema, the settings, the arm's fully resolved
+    config (schedule, optimizer, templates, ERL/SDPO options, reward weights), the reward and
+    feedback specs, the task's config, the warm checkpoint, the training rows, the library
+    versions and `extra` (SDPO's contexts, a learned reward model)."""
+    task = make_task(s)
+    settings = asdict(s) | {"stop": s.stop_at(name)}  # this arm's stop, not the others'
+    return digest(
+        {
+            "schema": BENCH_SCHEMA,
+            "arm": [name, asdict(ALL_ARMS[name])],
+            "seed": seed,
+            "settings": settings,
+            "config": config_fingerprint(config),
+            "reward": REWARDS[s.reward],
+            "feedback": FEEDBACK[s.style],
+            "task": [task.name, asdict(task.config)],
+            "warm": warm_key,
+            "rows": digest(rows),
+            "versions": [trl.__version__, transformers.__version__, torch.__version__],
+            "extra": extra or {},
+        }
+    )
+
+
+# Training -----------------------------------------------------------------------------------
+
+
+class CountingERL(ERLTrainer):
+    """ERLTrainer that counts the tokens it generates (first attempts, reflections, retries)."""
+
+    generated_tokens = 0
+
+    def _generate_single_turn(self, *args, **kwargs):
+        completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)
+        if self.model.training:  # not the held-out evaluation
+            self.generated_tokens += sum(len(ids) for ids in completion_ids)
+        return completion_ids, logprobs
+
+
+def counting_sdpo():
+    """SDPOTrainer that counts its generated tokens and keeps its first attempts' rewards,
+    as CountingERL does (built on first use: trl.experimental warns on import)."""
+    from trl.experimental.sdpo import SDPOTrainer
+
+    class CountingSDPO(SDPOTrainer):
+        generated_tokens = 0
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._first_attempt_log: list[tuple[float, dict]] = []
+
+        def _generate(self, prompt_ids):
+            prompt_ids, completion_ids = super()._generate(prompt_ids)
+            if self.model.training:
+                self.generated_tokens += sum(len(ids) for ids in completion_ids)
+            return prompt_ids, completion_ids
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            if self.model.training:
+                weights = self.reward_weights.to(rewards.device).unsqueeze(0)
+                total = (rewards * weights).nansum(dim=1).tolist()
+                self._first_attempt_log.extend(zip(total, inputs))
+            return rewards
+
+        def pop_first_attempts(self):
+            log, self._first_attempt_log = self._first_attempt_log, []
+            return log
+
+    return CountingSDPO
+
+
+RETRY_LOG: list[dict] = []
+
+
+def _recording_retry_advantages(groups, r1, r2, valid, scale, **kwargs):
+    """Wraps the trainer's retry advantages to record which rows they reward (diagnostics)."""
+    advantages = _ORIGINAL_RETRY_ADVANTAGES(groups, r1, r2, valid, scale, **kwargs)
+    RETRY_LOG.append(
+        {"r1": r1.tolist(), "r2": r2.tolist(), "valid": list(valid), "adv": list(advantages)}
+    )
+    return advantages
+
+
+_ORIGINAL_RETRY_ADVANTAGES = erl_trainer._retry_advantages
+erl_trainer._retry_advantages = _recording_retry_advantages
+
+
+class Recorder(TrainerCallback):
+    """Per step: r1, generated tokens, wall seconds (evaluation excluded), the ERL/SDPO logs;
+    held-out success every `eval_every` steps; stops the run at `stop`."""
+
+    def __init__(self, trainer, evaluate, eval_every: int, stop: int, label: str) -> None:
+        self.trainer, self.evaluate, self.eval_every = trainer, evaluate, eval_every
+        self.stop, self.label = stop, label
+        self.steps: list[dict] = []
+        self.evals: list[dict] = []
+        self.paused = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        seconds = time.perf_counter() - self.start - self.paused
+        rewards = [r for r, _ in self.trainer.pop_first_attempts()]
+        record = {"step": state.global_step, "r1": rewards, "tokens": self.trainer.generated_tokens}
+        self.steps.append(record | {"seconds": seconds})
+        last = state.global_step >= self.stop
+        if state.global_step % self.eval_every == 0 or last:
+            paused = time.perf_counter()
+            success = self.evaluate(self.trainer.model)
+            self.evals.append({"step": state.global_step, "tokens": record["tokens"], **success})
+            self.paused += time.perf_counter() - paused
+            recent = [r for rec in self.steps[-self.eval_every :] for r in rec["r1"] if r == r]
+            print(
+                f"  {self.label} step {state.global_step}: r1 {statistics.fmean(recent):.3f}, "
+                f"held-out {success['success']:.3f}, {record['tokens']} tokens, {seconds:.0f} s",
+                flush=True,
+            )
+        if last:
+            control.should_training_stop = True
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and self.steps:
+            keep = ("erl/", "self_distillation/")
+            self.steps[-1].update({k: v for k, v in logs.items() if k.startswith(keep)})
+
+
+def held_out(task, tokenizer, s: Settings):
+    """The evaluation: greedy first attempts, no reflection. hidden_rule: every held-out
+    operand pair (and, to tell transfer from memorisation, every training pair); other
+    tasks: `eval_n` prompts from the held-out seeds."""
+    if s.task == "hidden_rule":
+        splits = {"success": task.pair_rows(s.level, "held_out")}
+        splits["train_success"] = task.pair_rows(s.level, "train")
+
+        def evaluate(model) -> dict[str, float]:
+            out = {}
+            for key, rows in splits.items():
+                texts = generate_completions(
+                    model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=s.max_tokens,
+                    batch_size=128, progress=False,
+                )  # fmt: skip
+                out[key] = score_completions(task, rows, texts).success_rate
+            return out
+
+        return evaluate
+
+    def evaluate(model) -> dict[str, float]:
+        result = evaluate_first_attempts(
+            model, tokenizer, task, s.level, s.eval_n, max_new_tokens=s.max_tokens, progress=False
+        )
+        return {"success": result.success_rate}
+
+    return evaluate
+
+
+def train_one(
+    name: str,
+    seed: int,
+    warm: Path,
+    s: Settings,
+    work: Path,
+    funcs=None,
+    contexts: dict[str, str] | None = None,
+) -> dict:
+    """Train arm `name` for one seed from the warm checkpoint; returns its record.
+
+    `funcs`: (reward_funcs, weights, feedback_func) to train on instead of the task's (a
+    learned reward model); the evaluation still checks the task's correctness. `contexts`:
+    prompt text -> SDPO's privileged_context."""
+    torch.manual_seed(seed)
+    spec = ALL_ARMS[name]
+    task = make_task(s)
+    reward_funcs, weights, feedback_func = funcs or make_funcs(task, s)
+    model = AutoModelForCausalLM.from_pretrained(warm)
+    tokenizer = AutoTokenizer.from_pretrained(warm)
+    rows = train_rows(task, s, seed)
+    args = arm_config(name, s, str(work / f"{name}-{seed}"), seed, reward_weights=weights)
+    if spec.trainer == "sdpo":
+        if spec.context:
+            rows = [r | {"privileged_context": contexts[r["prompt"][-1]["content"]]} for r in rows]
+        trainer = counting_sdpo()(
+            model=model,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            reward_funcs=reward_funcs,
+            processing_class=tokenizer,
+        )
+    else:
+        trainer = CountingERL(
+            model=model,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            reward_funcs=reward_funcs,
+            feedback_func=feedback_func,
+            processing_class=tokenizer,
+        )
+    recorder = Recorder(
+        trainer, held_out(task, tokenizer, s), s.eval_every, s.stop_at(name), f"{name}/{seed}"
+    )
+    trainer.add_callback(recorder)
+    trainer.remove_callback(PrinterCallback)  # the Recorder prints a line per evaluation
+    RETRY_LOG.clear()
+    trainer.train()
+    memory = [e.reflection for e in getattr(trainer, "memory", [])]
+    return {
+        "method": name,
+        "seed": seed,
+        "steps": recorder.steps,
+        "evals": recorder.evals,
+        "retries": list(RETRY_LOG),
+        "memory_tail": memory[-3:],
+    }
