@@ -175,9 +175,10 @@ def warm_model_dir(tiny_model_dir, tmp_path_factory) -> str:
 def test_a_short_4bit_erl_run_with_gated_rows_raises_the_reward(warm_model_dir, erl_args):
     """15 ERL steps on the 4-bit model: first attempts below 1.0 reflect, retry and are
     internalized when the retry succeeds, and the sampled reward rises from ~0.23 to
-    0.63-0.88 (5 seeds measured, docs/results.md). Sampling at temperature 0.3: the tiny model's adapter moves the digits'
-    logits by a fraction of a nat (its frozen tied embeddings bound them), which the
-    temperature turns into a large change of what is sampled, as it does for the measure.
+    0.63-0.88 (5 seeds measured, docs/results.md). Sampling at temperature 0.3: the tiny
+    model's adapter moves the digits' logits by a fraction of a nat (its frozen tied
+    embeddings bound them), which the temperature turns into a large change of what is
+    sampled, as it does for the measure.
     """
     from datasets import Dataset
 
