@@ -209,6 +209,9 @@ def main() -> None:
     )
     parser.add_argument("--max_completion_length", type=int, default=24)
     parser.add_argument(
+        "--memory_budget", type=float, default=1.5, help="ERLConfig.memory_budget of both ERL runs"
+    )
+    parser.add_argument(
         "--backend",
         choices=("transformers", "unsloth"),
         default="transformers",
@@ -256,12 +259,16 @@ def main() -> None:
         "grpo": (TimedGRPO, lambda i, n: config(GRPOConfig, f"grpo{i}", n), {}),
         "erl_gate_closed": (
             TimedERL,
-            lambda i, n: config(ERLConfig, f"closed{i}", n, reward_threshold=-1.0),
+            lambda i, n: config(
+                ERLConfig, f"closed{i}", n, reward_threshold=-1.0, memory_budget=opts.memory_budget
+            ),
             {"feedback_func": feedback},
         ),
         "erl_all_gated": (
             TimedERL,
-            lambda i, n: config(ERLConfig, f"gated{i}", n, reward_threshold=2.0),
+            lambda i, n: config(
+                ERLConfig, f"gated{i}", n, reward_threshold=2.0, memory_budget=opts.memory_budget
+            ),
             {"feedback_func": feedback},
         ),
     }
