@@ -124,6 +124,26 @@ def test_held_out_prompts_are_never_trained_on(tmp_path):
     assert not {p.prompt for p in train} & {p.prompt for p in held}
 
 
+def test_an_implicit_text_prompt_is_held_out_by_its_question(tmp_path):
+    """`Q\n<answer>15</answer>` against `Q\n<answer>16</answer>` shares `Q\n<answer>1`,
+    against `Q\n<answer>3</answer>` only `Q\n<answer>`: one question, two extracted prompts.
+    Both pairs of a question land on one side of the split."""
+    lines = []
+    for q in range(20):
+        question = f"What is {q}+5?\n"
+        right = f"<answer>{q + 5}</answer>"
+        for wrong in (q + 6, 3):  # the same first digit as the right sum or not (mostly)
+            lines.append(
+                {"chosen": question + right, "rejected": f"{question}<answer>{wrong}</answer>"}
+            )
+    pairs = read_pairs(write_lines(tmp_path / "p.jsonl", lines))
+    assert len({p.prompt for p in pairs}) > 20  # extracted prompts: more than the questions
+    train, held = split_by_prompt(pairs, 0.2, seed=0)
+    assert len({p.question for p in held}) == 4 and len(train) + len(held) == 40
+    assert not {p.question for p in train} & {p.question for p in held}
+    assert all(p.prompt.startswith(p.question) for p in pairs)
+
+
 def test_win_rates_within_each_prompt_group():
     assert doctest.testmod(rewards.pairwise).failed == 0
     # A judge that prefers the shorter reply: in each group the shortest wins every comparison.

@@ -41,6 +41,11 @@ class Pair:
     chosen: Reply
     rejected: Reply
     margin: float = 0.0
+    question: Any = None
+    """What the held-out split groups the pair by; None: its prompt. An implicit text prompt
+    can end inside the replies' common start (`...<answer>1` for `<answer>15</answer>`
+    against `<answer>16</answer>`), so its question is the prompt up to its last line break:
+    the pairs of one question then stay on one side of the split."""
 
 
 def is_pair(record: dict) -> bool:
@@ -96,11 +101,16 @@ def read_pair(where: str, record: dict) -> Pair:
                 f"{where}: {why}, and all of {key!r} is the start of the other reply: "
                 "nothing of it is left as a reply (an implicit prompt); give the prompt as 'prompt'"
             )
+    prompt = chosen[:shared]
+    question = None  # messages end where a message ends
+    if not conversational:
+        question = prompt[: prompt.rfind("\n") + 1] or prompt
     return Pair(
-        chosen[:shared],
+        prompt,
         _reply(where, "chosen", chosen[shared:], offset=shared),
         _reply(where, "rejected", rejected[shared:], offset=shared),
         margin,
+        question,
     )
 
 

@@ -173,14 +173,16 @@ def _load_dataset(name: str, config: str | None, split: str):
 
 
 def split_by_prompt(pairs: list[Pair], fraction: float, seed: int) -> tuple[list[Pair], list[Pair]]:
-    """(train, held-out): held-out pairs have prompts the training pairs never show."""
-    keys = sorted({prompt_key(p.prompt) for p in pairs})
+    """(train, held-out): held-out pairs have questions (`Pair.question`, else prompts) the
+    training pairs never show."""
+
+    def key(pair: Pair) -> str:
+        return prompt_key(pair.prompt if pair.question is None else pair.question)
+
+    keys = sorted({key(p) for p in pairs})
     random.Random(seed).shuffle(keys)
     count = round(fraction * len(keys))
     if fraction > 0 and len(keys) >= 2:
         count = min(max(count, 1), len(keys) - 1)
     held = set(keys[:count])
-    return (
-        [p for p in pairs if prompt_key(p.prompt) not in held],
-        [p for p in pairs if prompt_key(p.prompt) in held],
-    )
+    return [p for p in pairs if key(p) not in held], [p for p in pairs if key(p) in held]
