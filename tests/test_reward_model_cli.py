@@ -146,6 +146,9 @@ def test_reward_config_options_reach_the_trainer(tiny_model_dir, tmp_path):
     data = tmp_path / "pairs.parquet"
     Dataset.from_list(rows).to_parquet(data)
     out = tmp_path / "rm"
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         code = main(
@@ -160,6 +163,9 @@ def test_reward_config_options_reach_the_trainer(tiny_model_dir, tmp_path):
     assert code == 0
     last = stdout.getvalue().strip().splitlines()[-1]
     assert last.startswith("heldout_pair_accuracy: ")
+    # Training leaves transformers' verbosity as it found it: left at error, it turned on
+    # the next TrainingArguments' disable_tqdm in the same process (a CI failure).
+    assert hf_logging.get_verbosity() == verbosity
 
     [logs] = (out / "runs").iterdir()  # report_to and logging_* reached the trainer
     events = EventAccumulator(str(logs), size_guidance={"tensors": 0})

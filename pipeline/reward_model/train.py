@@ -67,14 +67,20 @@ def train_reward_model(
             out.append(row)
         return Dataset.from_list(out)
 
-    hf_logging.set_verbosity_error()  # a fresh head's "newly initialized weights" notice
     set_seed(args.seed)  # the new head's initial weights: the same run gives the same model
-    model = AutoModelForSequenceClassification.from_pretrained(
-        options.base,
-        num_labels=1,
-        trust_remote_code=False,
-        dtype=torch.bfloat16 if args.bf16 else None,
-    )
+    verbosity = hf_logging.get_verbosity()
+    # Quiet only for the load (a fresh head's "newly initialized weights" notice): left at
+    # error, it would also turn on the next TrainingArguments' disable_tqdm in this process.
+    hf_logging.set_verbosity_error()
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            options.base,
+            num_labels=1,
+            trust_remote_code=False,
+            dtype=torch.bfloat16 if args.bf16 else None,
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.id2label, model.config.label2id = {0: "reward"}, {"reward": 0}
     if options.use_lora:
