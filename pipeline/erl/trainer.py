@@ -19,12 +19,11 @@ Per generation batch, after GRPO has generated and scored the first attempts y1:
 
 Everything happens in `_generate_and_score_completions`, so TRL's buffering, splitting
 into `steps_per_generation` chunks, loss types and logging apply to the merged batch
-unchanged. `pipeline.erl.batch` puts the new rows into the base trainer's layout, and
-`compute_loss` trains a merged chunk in micro-batches of at most
-`per_device_train_batch_size` rows and GRPO's tokens per forward, and reflections and
-retries are generated in calls of at most GRPO's tokens, so that an all-gated step peaks
-where a GRPO step does (bench/erl_overhead.py). Evaluation never reflects:
-deployment sees first attempts only.
+unchanged. `pipeline.erl.batch` puts the new rows into the base trainer's layout;
+`compute_loss` trains a merged chunk in micro-batches (`pipeline.erl.micro_batches`,
+every loss term counted once), and reflections and retries are generated in as few calls
+as `memory_budget` allows (`pipeline.erl.budget`; figures: bench/erl_overhead.py).
+Evaluation never reflects: deployment sees first attempts only.
 
 The class is defined at import, after `activate_backend()`: with Unsloth (on a GPU, or on
 a CPU with the opt-in) the base is Unsloth's generated GRPOTrainer (it rebinds
