@@ -1,10 +1,11 @@
 # Two commands on a fresh machine:  `make demo` (set up + run the main job), `make test`.
+# `make test` is the quick suite (~10 min on 2 cores); `make test-all` (CI) adds the slow tests.
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: setup demo test lint bench quickstart
+.PHONY: setup demo test test-all lint bench quickstart
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +22,12 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) -m pipeline.run --config configs/tiny.yaml --resume true
 
+# Two workers, one core and one torch thread each (tests/conftest.py).
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 -m "not slow"
+
+test-all: setup
+	$(PY) -m pytest -q -n 2
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -1,10 +1,45 @@
-"""Shared fixtures: the offline tiny model and small arithmetic datasets."""
+"""Shared fixtures (the offline tiny model, small arithmetic datasets) and the session's
+settings: one torch thread per test process, and a compile cache of Unsloth's per process.
+
+`make test` runs `pytest -n 2 -m "not slow"`: two xdist workers, each on one core. The
+tiny model's matrices are too small for a second thread to help, and two threads per
+worker on two cores made the tests several times slower (OpenMP's threads wait on each
+other's cores). Subprocesses inherit OMP_NUM_THREADS.
+"""
 
 from __future__ import annotations
 
-import pytest
+import os
+import tempfile
 
-from rewards import completion_text
+# Before torch is imported anywhere in this process (and inherited by every subprocess).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+from rewards import completion_text  # noqa: E402
+
+
+def pytest_configure(config):
+    """One torch thread here too, and Unsloth's generated trainer written to this process's
+    own folder: by default Unsloth writes `unsloth_compiled_cache/` into the working
+    directory, which two workers (or a test run beside another checkout's) would rewrite
+    at the same time. Child processes inherit the variable."""
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if "UNSLOTH_COMPILE_LOCATION" not in os.environ:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        config._erl_unsloth_cache = tempfile.mkdtemp(prefix=f"erl-unsloth-cache-{worker}-")
+        os.environ["UNSLOTH_COMPILE_LOCATION"] = config._erl_unsloth_cache
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    folder = getattr(config, "_erl_unsloth_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

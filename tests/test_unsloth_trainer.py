@@ -3,7 +3,8 @@
 `import unsloth` must come before trl, and this process already imported trl, so the
 both-bases suite (with its 4-bit NF4 + LoRA rerun) runs again in one fresh pytest process with the Unsloth backend and its
 CPU opt-in (`ERL_BACKEND=unsloth ERL_UNSLOTH_CPU_TRAINER=1`). Generating Unsloth's trainer
-costs ~30 s per process, hence one process for all of it.
+costs ~30 s per process, hence one process for all of it. The child selects what this
+session selects (`-m "not slow"` under `make test`, everything under `make test-all`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ SUITE = [
 ]
 
 
-@pytest.mark.slow
-def test_both_bases_suite_passes_on_unsloths_trainer(tmp_path):
+def test_both_bases_suite_passes_on_unsloths_trainer(tmp_path, request):
     report = tmp_path / "unsloth.xml"
+    markers = request.config.getoption("markexpr")
+    selection = ["-m", markers] if markers else []
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -40,7 +42,7 @@ def test_both_bases_suite_passes_on_unsloths_trainer(tmp_path):
         "ERL_UNSLOTH_CPU_TRAINER": "1",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITE]
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, *SUITE]
         + [f"--junitxml={report}", f"--basetemp={tmp_path / 'tmp'}"],
         cwd=REPO,
         env=env,
