@@ -134,7 +134,6 @@ UNSLOTH_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
 def test_unsloth_backend_trains_erl_on_cpu(tiny_model_dir, tmp_path):
     """Forced Unsloth on CPU: Unsloth's CPU loader + get_peft_model, then two ERL steps.
     A fresh process, because `import unsloth` must come before trl."""

@@ -378,7 +378,6 @@ def test_config_parses_from_the_command_line():
     assert all(f.metadata.get("help") for f in fields(CurriculumConfig))
 
 
-@pytest.mark.slow
 def test_config_fields_do_not_clash_with_grpo_config():
     trl = pytest.importorskip("trl")
     clash = {f.name for f in fields(CurriculumConfig)} & {f.name for f in fields(trl.GRPOConfig)}

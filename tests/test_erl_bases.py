@@ -451,7 +451,6 @@ def test_moe_router_loss_is_counted_once_per_chunk(
     assert micro_loss.item() == pytest.approx(whole_loss.item(), rel=0.01, abs=0.01)
 
 
-@pytest.mark.slow
 def test_generation_reuse_and_kl_train(tiny_model_dir, arithmetic_dataset, make_args):
     """Every row gated with steps_per_generation 2, num_iterations 2 and beta > 0."""
     args = make_args(
@@ -550,7 +549,6 @@ def test_unsupported_inputs_are_refused_when_built(
         make_trainer(tiny_model_dir, make_args(), arithmetic_dataset)
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not UNSLOTH, reason="TRL's run of the recipe is tests/test_run.py's")
 def test_tiny_recipe_runs_end_to_end_on_unsloths_trainer(tiny_model_dir, tmp_path):
     import json

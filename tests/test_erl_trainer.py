@@ -171,7 +171,6 @@ def test_args_must_be_erl_config(tiny_model_dir, arithmetic_dataset, tmp_path):
         )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [

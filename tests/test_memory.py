@@ -106,7 +106,6 @@ def test_save_and_load_round_trip(tmp_path):
     assert not ReflectionMemory(2).load(tmp_path / "missing")
 
 
-@pytest.mark.slow
 def test_memory_is_checkpointed_and_restored_on_resume(
     tiny_model_dir, arithmetic_dataset, erl_args, tmp_path
 ):
@@ -142,7 +141,6 @@ def test_memory_is_checkpointed_and_restored_on_resume(
     assert len(json.loads((tmp_path / "final" / MEMORY_FILE).read_text())["entries"]) == 16
 
 
-@pytest.mark.slow
 def test_global_rulebook_is_checkpointed_and_restored_on_resume(
     tiny_model_dir, arithmetic_dataset, erl_args, tmp_path
 ):

@@ -67,7 +67,6 @@ def run_two(*command: str, log: Path, timeout: int = LAUNCH_TIMEOUT) -> None:
     assert code == 0, log.read_text()[-4000:]
 
 
-@pytest.mark.slow
 def test_two_processes_train_erl_like_one_with_twice_the_batch(tiny_model_dir, tmp_path):
     """2 processes at per-device batch 6 == 1 process at batch 12: parameters, erl/ metrics
     and memory after 2 steps, with the gate closed, every row gated, and some rows gated.
@@ -179,7 +178,6 @@ def wait_for(predicate, process, timeout) -> bool:
     return False
 
 
-@pytest.mark.slow
 def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_model_dir, tmp_path):
     """`pipeline.run` in 2 processes: both record every process's first attempts (the
     controller's count is the global one) and decide alike, stage 1 promotes, a SIGKILL of
@@ -265,7 +263,6 @@ def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_mod
     assert state["stages"][0]["eval_reward"] == pytest.approx(evaluation.mean_reward)
 
 
-@pytest.mark.slow
 def test_auto_backend_on_a_gpu_machine_with_unsloth_runs_in_two_processes(tiny_model_dir, tmp_path):
     """With CUDA reported and Unsloth installed, `backend: auto` (configs/tiny.yaml) is
     Unsloth for one process; two processes resolve it to transformers once, and the loader

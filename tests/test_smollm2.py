@@ -21,7 +21,6 @@ def smollm2_dir() -> str:
     return build_smollm2(str(CACHE))
 
 
-@pytest.mark.slow
 def test_converted_folder_loads_with_fixed_tokens_and_is_reused(smollm2_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
@@ -56,7 +55,6 @@ def first_fails_retry_succeeds(completions, attempt=None, **kwargs):
     return [float(i % 2) for i in range(len(completions))]
 
 
-@pytest.mark.slow
 def test_one_erl_step_on_smollm2(smollm2_dir, arithmetic_dataset, erl_args):
     """Reflection, retry, memory and internalization on the real model; LoRA weights move."""
     from peft import LoraConfig
