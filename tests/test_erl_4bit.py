@@ -5,15 +5,12 @@ The both-bases claims that compare gradients or parameters are collected here ag
 their own modules, with their `load_model` swapped for the project's 4-bit loader: the
 gate-closed equality with the base trainer, the internalization gradient and the
 micro-batched gradient, at the same float32 tolerance. Then what is 4-bit's own: the
-loader's layers, the adapter kept in float32 (TRL's trainer casts it to bf16), a reward
-that rises over a short gated run, and a trainer checkpoint that resumes exactly.
+loader's layers, the adapter kept in float32 (TRL's trainer casts it to bf16), a short
+gated run (whether its reward rises is `bench/qlora_learning.py`'s), and a trainer
+checkpoint that resumes exactly.
 """
 
 from __future__ import annotations
-
-import random
-import re
-from types import SimpleNamespace
 
 import pytest
 import test_erl_bases
@@ -21,7 +18,6 @@ import test_erl_internalization
 import torch
 from conftest import length_reward
 from test_erl_bases import (  # noqa: F401  (collected here again, on the 4-bit model)
-    BASE_PINS,
     UNSLOTH,
     test_gate_closed_trains_exactly_like_the_base,
     test_micro_batched_loss_counts_every_term_once,
@@ -116,128 +112,36 @@ def test_the_recipes_learning_rate_moves_every_adapter_weight(
     assert changed / total > 0.95, f"{changed} of {total} lora_A entries changed"
 
 
-# A reward the tiny model's adapter can learn in a few steps ------------------------------
+def test_a_gated_4bit_run_reflects_retries_internalizes_and_moves_the_adapter(
+    tiny_model_dir, arithmetic_dataset, make_args
+):
+    """Every first attempt gated on the 4-bit policy: each step logs its retries and
+    internalized rows, and training moves the adapter. Whether such a run raises the
+    reward is a learning effect: `python bench/qlora_learning.py` (docs/results.md)."""
+    from conftest import alternating_reward
 
-ANSWER = re.compile(r"^<answer>(\d)</answer>$")
-REWARDED = "012"  # 3 of the 10 digits the warm model answers at random
-
-
-def digit_reward(completions, **kwargs) -> list[float]:
-    """1.0 for `<answer>D</answer>` with D in REWARDED, else 0.0."""
-    return [
-        1.0 if (m := ANSWER.match(c[0]["content"].strip())) and m[1] in REWARDED else 0.0
-        for c in completions
-    ]
-
-
-@pytest.fixture(scope="module")
-def warm_model_dir(tiny_model_dir, tmp_path_factory) -> str:
-    """The tiny model after 60 full-precision SFT steps on `<answer>D</answer>` with a
-    random digit D: it answers in the format, with no preference among the digits."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from curriculum.tasks import get_task
-    from pipeline.run.warmup import sft_warmup
-
-    folder = tmp_path_factory.mktemp("warm") / "model"
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    task, rng = get_task("arithmetic"), random.Random(0)
-    rows = [
-        {"prompt": row["prompt"], "completion": [{"role": "assistant", "content": answer}]}
-        for row in task.generate(1, 2000, seed=0)
-        for answer in [f"<answer>{rng.randrange(10)}</answer>"]
-    ]
-    args = SimpleNamespace(
-        report_to=[], bf16=False, fp16=False, use_cpu=True, seed=0, disable_tqdm=True
-    )
-    args.log_level = "passive"
-    sft_warmup(
-        model,
-        tokenizer,
-        task,
-        1,
-        steps=60,
-        examples=0,
-        batch_size=32,
-        learning_rate=3e-3,
-        args=args,
-        output_dir=str(folder.parent / "sft"),
-        dataset=Dataset.from_list(rows),
-    )
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-@pytest.mark.slow
-def test_a_short_4bit_erl_run_with_gated_rows_raises_the_reward(warm_model_dir, erl_args):
-    """15 ERL steps on the 4-bit model: first attempts below 1.0 reflect, retry and are
-    internalized when the retry succeeds, and the sampled reward rises from ~0.23 to
-    0.63-0.88 (5 seeds measured, docs/results.md). Sampling at temperature 0.3: the tiny
-    model's adapter moves the digits' logits by a fraction of a nat (its frozen tied
-    embeddings bound them), which the temperature turns into a large change of what is
-    sampled, as it does for the measure.
-    """
-    from datasets import Dataset
-
-    from curriculum.tasks import get_task
-    from pipeline.evaluate.first_attempts import generate_completions
-
-    task = get_task("arithmetic")
-    model, tokenizer = load_policy(
-        ModelConfig(
-            model_name_or_path=warm_model_dir,
-            backend=active_backend(),
-            load_in_4bit=True,
-            lora_r=16,
-            lora_alpha=32,
-        )
-    )
-    held_out = [row["prompt"] for row in task.generate(1, 128, seed=10**6)]
-
-    def sampled_reward() -> float:
-        texts = generate_completions(
-            model, tokenizer, held_out, max_new_tokens=8, do_sample=True, temperature=0.3,
-            batch_size=64, progress=False,
-        )  # fmt: skip
-        return sum(digit_reward([[{"content": t}] for t in texts])) / len(texts)
-
-    args = erl_args(
-        **BASE_PINS,
-        per_device_train_batch_size=16,
-        max_completion_length=8,
-        reflection_max_completion_length=8,
-        max_steps=15,
-        learning_rate=2e-3,  # 3e-3 collapsed 1 seed in 5 (docs/log.md, 2026-12-01)
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        temperature=0.3,
-        reward_threshold=1.0,
-    )
+    reward, _ = alternating_reward()  # y1 fails, every retry succeeds
     trainer = ERLTrainer(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_list(task.generate(1, 512, seed=1)),
-        reward_funcs=digit_reward,
-        feedback_func=lambda completions, **kw: (
-            [f"The digit must be one of {REWARDED}."] * len(completions)
-        ),
-        processing_class=tokenizer,
+        model=load_4bit_model(tiny_model_dir),
+        args=make_args(reward_threshold=0.5, max_steps=2),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=reward,
+        feedback_func=lambda completions, **kw: ["wrong"] * len(completions),
     )
     assert len(linear_4bit_layers(trainer.model)) == 14
-    before = sampled_reward()
+    adapter = {
+        n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad
+    }
     trainer.train()
-    after = sampled_reward()
     logs = [h for h in trainer.state.log_history if "erl/r1_mean" in h]
-    r1 = [h["erl/r1_mean"] for h in logs]
-    gated = [h["erl/gated_fraction"] for h in logs]
-    print(f"sampled reward {before:.3f} -> {after:.3f}; r1 {[round(r, 2) for r in r1]}")
-    assert len(logs) == 15 and sum(g > 0 for g in gated[:5]) == 5  # reflection, retry, ...
-    assert all("erl/r2_mean" in h for h, g in zip(logs, gated) if g > 0)
-    assert before < 0.45 and after > before + 0.3, (before, after)
-    assert sum(r1[-3:]) / 3 > sum(r1[:3]) / 3 + 0.2, r1
+    assert len(logs) == 2
+    for h in logs:
+        assert h["erl/gated_fraction"] == 1.0 and h["erl/retry_success_rate"] == 1.0
+        assert h["erl/internalization_rows"] > 0 and "erl/internalization_loss" in h
+    assert len(trainer.memory) > 0
+    after = dict(trainer.model.named_parameters())
+    moved = [n for n in adapter if not torch.equal(adapter[n], after[n])]
+    assert moved and all("lora_" in n for n in moved)
 
 
 def test_a_4bit_trainer_checkpoint_resumes_exactly(
