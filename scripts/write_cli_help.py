@@ -3,7 +3,7 @@
     python scripts/write_cli_help.py     # after changing an option, its help, or a pin
 
 Each command prints its stored text for --help instead of importing trl and transformers
-to build its parser (`pipeline/options.py`); tests/test_cli_conventions.py fails while a
+to build its parser (`pipeline/options/`); tests/test_cli_conventions.py fails while a
 stored text differs from the parser's own. The texts are built with the transformers
 backend, the one every machine has.
 """

@@ -1,4 +1,4 @@
-"""The three commands speak one convention (issue 28, `pipeline/options.py`): TrlParser
+"""The three commands speak one convention (issue 28, `pipeline/options/`): TrlParser
 dataclasses, `--config` in every --help, `--model_name_or_path` everywhere with the old
 spellings as aliases that print a notice, booleans as true|false, a --help that imports
 neither torch nor trl, and no third-party noise at start."""
@@ -87,9 +87,18 @@ def test_help_and_a_missing_local_model_import_neither_torch_nor_trl(tmp_path):
         f"codes.append(run(['--model_name_or_path', {missing!r}, '--build_tiny_model', 'false']))\n"
         f"codes.append(evaluate(['--model', {missing!r}, '--task', 'arithmetic', '--level', '1']))\n"
         f"codes.append(collect(['--model', {missing!r}, '--task', 'x', '--level', '1', '--output', 'o']))\n"
+        "import runpy\n"
+        "sys.argv = ['examples/quickstart.py', '--help']\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as quickstart:\n"
+        "    try:\n"
+        "        runpy.run_path('examples/quickstart.py', run_name='__main__')\n"
+        "    except SystemExit as done:\n"
+        "        codes.append(done.code)\n"
+        "assert '--warmup_steps' in quickstart.getvalue(), quickstart.getvalue()\n"
         "print(codes, sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))\n"
     )
-    assert done.stdout.strip() == "[0, 0, 0, 0, 2, 2, 2] []", done.stdout + done.stderr
+    # The quickstart too answers --help before it imports anything, let alone trains.
+    assert done.stdout.strip() == "[0, 0, 0, 0, 2, 2, 2, 0] []", done.stdout + done.stderr
     errors = done.stderr.splitlines()
     assert errors == [f"error: --model_name_or_path ({missing}): no such folder: check the path "
                       "(a hub id is namespace/name)"] * 3  # fmt: skip

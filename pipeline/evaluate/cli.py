@@ -156,9 +156,10 @@ def _help() -> str:
 def evaluate_from_command_line(argv: list[str]) -> int:
     """Check every option, then load, generate, score and print."""
     from pipeline.models.backend import activate_backend
-    from pipeline.models.loading import check_model_source
     from pipeline.options import (
         check_level,
+        check_local_model_early,
+        check_model_source,
         check_signal_weights,
         check_task,
         parse_options,
@@ -166,10 +167,7 @@ def evaluate_from_command_line(argv: list[str]) -> int:
     )
 
     # -- a missing local model is named at once, before the slow imports below
-    given = peek_option(argv, "model_name_or_path") or peek_option(argv, "model")
-    if given:
-        with usage_errors():
-            check_model_source(given, "--model_name_or_path", hub=False)
+    check_local_model_early(argv, "model_name_or_path", "model")
     # -- the backend first: Unsloth must be imported before transformers/peft/trl
     activate_backend(peek_option(argv, "backend"))
     (args,) = parse_options((EvaluateArguments,), argv, PROG, aliases=ALIASES)
@@ -193,8 +191,8 @@ def evaluate_from_command_line(argv: list[str]) -> int:
     check_level(task, args.level)
     if weights is not None:
         weights = check_signal_weights(task, weights, "--weights")
+    check_model_source(args.model_name_or_path, "--model_name_or_path")
     with usage_errors():
-        check_model_source(args.model_name_or_path, "--model_name_or_path")
         folder = resolve_checkpoint(args.model_name_or_path)
     if Path(folder) != Path(args.model_name_or_path):
         print(f"model: {folder} (the latest checkpoint in {args.model_name_or_path})")

@@ -11,7 +11,6 @@ here for both backends: one path for the trainer to see.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pipeline.models.backend import activate_backend, unsloth_patches_trainers
 from pipeline.models.quantization import base_model_kwargs, disable_cpu_weight_packing
@@ -103,76 +102,6 @@ def check_machine_supports(config: ModelConfig) -> None:
                 "load_in_4bit needs bitsandbytes (pip install bitsandbytes==0.50.2, as "
                 "pyproject.toml pins it), or load_in_4bit: false"
             )
-
-
-HUB_TIMEOUT_S = 10
-"""How long the one look-up of a hub id may wait for the Hub before it counts as unreachable."""
-
-
-def check_model_source(source: str, option: str = "--model_name_or_path", hub: bool = True) -> None:
-    """Refuse, at once and without the download retries, a model that cannot load: a path
-    that looks local and does not exist, or a hub id the Hub does not have, cannot be asked
-    about, or (offline) that is not cached. ValueError `<option> (<source>): <why>: <fix>`.
-
-    A hub id is looked up once, with a timeout of HUB_TIMEOUT_S seconds (`hub` False: not
-    at all, only local paths are checked); a local folder is only checked to exist (what it
-    holds, `from_pretrained` reports).
-    """
-    if Path(source).expanduser().exists():
-        return
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HFValidationError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-    )
-    from huggingface_hub.utils import validate_repo_id
-
-    def refuse(why: str, fix: str) -> ValueError:
-        return ValueError(f"{option} ({source}): {why}: {fix}")
-
-    try:
-        validate_repo_id(source)
-    except HFValidationError:
-        raise refuse("no such folder", "check the path (a hub id is namespace/name)") from None
-    if not hub:
-        return
-    try:
-        snapshot_download(source, local_files_only=True)
-        cached = True
-    except LocalEntryNotFoundError:
-        cached = False
-    if constants.HF_HUB_OFFLINE:
-        if cached:
-            return
-        raise refuse(
-            "no such folder here, and not in the Hub cache while HF_HUB_OFFLINE is set",
-            "check the path, or download the model once with the Hub reachable",
-        )
-    import httpx
-    from huggingface_hub import HfApi
-
-    try:
-        HfApi().model_info(source, timeout=HUB_TIMEOUT_S)
-    except GatedRepoError:
-        return  # it exists; whether this user may read it, the download says
-    except RepositoryNotFoundError:
-        raise refuse(
-            "no such folder here, and no such model on the Hugging Face Hub",
-            "check the path or the hub id (a private model needs `hf auth login`)",
-        ) from None
-    except (httpx.HTTPError, OSError) as err:  # no connection, a timeout, the Hub's own error
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if cached:
-            raise refuse(
-                f"the Hugging Face Hub cannot be reached ({reason})",
-                "a copy is cached: set HF_HUB_OFFLINE=1 to load it without the Hub",
-            ) from None
-        raise refuse(
-            f"no such folder here, and the Hugging Face Hub cannot be reached to fetch it ({reason})",
-            "check the path, or the network (HF_ENDPOINT names the Hub)",
-        ) from None
 
 
 def load_policy(

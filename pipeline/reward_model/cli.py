@@ -40,9 +40,10 @@ def _help() -> str:
 def train_from_command_line(argv: list[str]) -> int:
     """Read the options and the pairs, check the base model, train, print the summary."""
     from pipeline.models.backend import activate_backend
+    from pipeline.options import check_local_model_early, check_model_source
 
+    check_local_model_early(argv, "model_name_or_path", "base")  # before the slow imports
     activate_backend()  # unsloth (on a GPU) must be imported before trl and transformers
-    from pipeline.models.loading import check_model_source
     from pipeline.reward_model.config import parse_reward_model_config
     from pipeline.reward_model.pairs import pairs_from_run, read_dataset, read_pairs
     from pipeline.reward_model.train import train_reward_model
@@ -57,7 +58,7 @@ def train_from_command_line(argv: list[str]) -> int:
             pairs = read_dataset(
                 options.dataset_name, options.dataset_config, options.dataset_train_split
             )
-        check_model_source(options.model_name_or_path, "--model_name_or_path")
+    check_model_source(options.model_name_or_path, "--model_name_or_path")
     summary = train_reward_model(pairs, options, args)
     print(f"pairs: {summary['train_pairs']} train, {summary['heldout_pairs']} held out")
     print(f"train_loss: {summary['train_loss']:.4f}")

@@ -158,13 +158,16 @@ def _help() -> str:
 
 def collect_from_command_line(argv: list[str]) -> int:
     """Check every option, load the policy, sample, rate and write the ratings."""
-    from pipeline.models.loading import check_model_source
-    from pipeline.options import check_level, check_task, parse_options, peek_option
+    from pipeline.options import (
+        check_level,
+        check_local_model_early,
+        check_model_source,
+        check_task,
+        parse_options,
+        peek_option,
+    )
 
-    given = peek_option(argv, "model_name_or_path") or peek_option(argv, "model")
-    if given:  # a missing local policy is named before the slow imports below
-        with usage_errors():
-            check_model_source(given, "--model_name_or_path", hub=False)
+    check_local_model_early(argv, "model_name_or_path", "model")  # before the slow imports
     activate_backend(peek_option(argv, "backend"))  # unsloth (GPU) must precede transformers
     (args,) = parse_options((CollectArguments,), argv, PROG, aliases=ALIASES)
     args.validate()
@@ -176,8 +179,7 @@ def collect_from_command_line(argv: list[str]) -> int:
 
     task = check_task(args.task)
     check_level(task, args.level)
-    with usage_errors():
-        check_model_source(args.model_name_or_path, "--model_name_or_path")
+    check_model_source(args.model_name_or_path, "--model_name_or_path")
     with usage_errors(OSError, ValueError):
         model, tokenizer = load_for_evaluation(args.model_name_or_path)
     ratings = collect_ratings(

@@ -20,6 +20,7 @@ from pipeline.layout import RunLayout
 from pipeline.options import (
     UsageError,
     check_level,
+    check_model_source,
     check_signal_weights,
     check_task,
     usage_errors,
@@ -93,10 +94,7 @@ def check_levels(curriculum, task: Task) -> CurriculumController:
 def check_model_sources(run, model) -> None:
     """The policy and every learned reward model exist: a local folder, or a hub id the Hub
     (or its cache) has. A missing local path is named at once, without download retries."""
-    from pipeline.models.loading import check_model_source
-
-    with usage_errors():
-        if not run.build_tiny_model:  # else the run builds the folder before loading it
-            check_model_source(model.model_name_or_path, "--model_name_or_path")
-        for name, spec in run.reward_models.items():
-            check_model_source(spec["path"], f"--reward_models {name}.path")
+    if not run.build_tiny_model:  # else the run builds the folder before loading it
+        check_model_source(model.model_name_or_path, "--model_name_or_path")
+    for name, spec in run.reward_models.items():
+        check_model_source(spec["path"], f"--reward_models {name}.path")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
+from pathlib import Path
 
 from pipeline.options import UsageError, run_command
 
@@ -50,13 +51,13 @@ def run_curriculum(argv: list[str]) -> int:
     # first: it decides how trl is imported.
     from pipeline.run import distributed
     from pipeline.run.config import (
-        check_local_model_early,
+        check_policy_path_early,
         choose_backend,
         parse_run_config,
         resolved_config,
     )
 
-    check_local_model_early(argv)  # a typo in a local path is named in a second
+    check_policy_path_early(argv)  # a typo in a local path is named in a second
     backend = choose_backend(argv)
     run, model_config, curriculum_config, args = parse_run_config(argv)
     model_config.backend = backend  # resolved once: the loader and run_config.json read this
@@ -89,6 +90,8 @@ def run_curriculum(argv: list[str]) -> int:
     # ---- The model: loaded once, it stays loaded across stages; then the rewards, whose
     # learned signals score on the policy's device. Both before the first write too.
     if run.build_tiny_model and main_process:
+        if not Path(model_config.model_name_or_path).exists():  # said, as a hub id reads alike
+            logger.info(f"building the offline tiny model into {model_config.model_name_or_path}")
         build_tiny_model(model_config.model_name_or_path)
     distributed.wait_for_everyone()  # the others load what the main process built
     with _loading("--model_name_or_path", model_config.model_name_or_path):

@@ -25,6 +25,7 @@ from pipeline.models.backend import BACKEND_ENV, BACKENDS, activate_backend, res
 from pipeline.models.loading import ModelConfig
 from pipeline.options import (
     UsageError,
+    check_local_model_early,
     cuda_bf16,
     options_parser,
     parse_options,
@@ -175,18 +176,14 @@ def _mapping(name: str, value: Any) -> dict:
     return value
 
 
-def check_local_model_early(argv: list[str]) -> None:
+def check_policy_path_early(argv: list[str]) -> None:
     """A policy path that looks local and does not exist, refused before the slow imports
-    (trl, transformers): read from the command line or the recipe, unless the run builds
-    the tiny model there. The full check, hub ids included, comes with the others."""
-    from pipeline.models.loading import check_model_source
-
+    (trl, transformers), unless the run builds the tiny model there. The full check, hub
+    ids included, comes with the others (`pipeline.run.checks`)."""
     argv = with_default_recipe(argv)
-    source = peek_option(argv, "model_name_or_path")
     builds = (peek_option(argv, "build_tiny_model") or "false").lower() in ("true", "yes", "1")
-    if source and not builds:
-        with usage_errors():
-            check_model_source(source, "--model_name_or_path", hub=False)
+    if not builds:
+        check_local_model_early(argv, "model_name_or_path")
 
 
 def choose_backend(argv: list[str]) -> str:

@@ -1,39 +1,15 @@
-"""The project's command lines: dataclasses parsed by TRL's `TrlParser`, one way to fail.
-
-    python -m pipeline.run --config configs/tiny.yaml --learning_rate 5e-4
-    python -m pipeline.evaluate --model_name_or_path runs/tiny/final --task arithmetic --level 1
-    python -m pipeline.reward_model --config rm.yaml --num_train_epochs 12
-    python -m pipeline.reward_model.collect --model_name_or_path runs/tiny/warmup ...
-
-Every command parses its dataclasses with `parse_options` and runs through `run_command`,
-so they share one convention:
-
-- `--config recipe.yaml`, then command-line overrides. An unknown or abbreviated option,
-  in the recipe or on the command line, is refused by name.
-- Booleans are `--flag true|false`. `--no_flag` (which HfArgumentParser adds for a flag
-  that defaults to true) and an old spelling such as `--model` or `--base` still work as
-  aliases, each with a one-line notice.
-- A bad option or input is one line on stderr, `error: <what> (<value>): <what to do>`,
-  with exit code 2 and no traceback; `--log_level debug` prints the traceback too.
-- `--help` answers at once: it prints the text stored from the command's parser
-  (`help_text.py` in the command's package, written by `scripts/write_cli_help.py`;
-  a test fails while it differs), because importing trl and transformers takes seconds.
-
-trl is imported inside the functions (after `activate_backend`).
-"""
+"""Reading a command's options: `--config` recipes, TrlParser dataclasses, aliases."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
 import os
-import sys
-import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from pipeline.options.errors import UsageError, notice, usage_errors
 
 HELP_WIDTH = 100
 """The help's line width, fixed so that the stored text does not depend on the terminal."""
@@ -42,80 +18,6 @@ HELP_EPILOG = (
     "option is refused in one line with exit code 2; --log_level debug adds the traceback."
 )
 
-_UNSET = object()
-
-
-class UsageError(Exception):
-    """A bad option or input, reported as `error: <what> (<value>): <what to do>`, exit code 2.
-
-    `UsageError("--task: unknown task", "arithmetik", "choose one of arithmetic, countdown")`;
-    a message that already has that form is given alone.
-    """
-
-    def __init__(self, what: str, value: Any = _UNSET, todo: str = "") -> None:
-        text = what if value is _UNSET else f"{what} ({value})"
-        super().__init__(f"{text}: {todo}" if todo else text)
-
-
-@contextmanager
-def usage_errors(*kinds: type[Exception]) -> Iterator[None]:
-    """Turn `kinds` (default ValueError) raised inside into a UsageError with their message:
-    for the checks of the libraries and dataclasses a command calls while it reads options."""
-    caught = kinds or (ValueError,)
-    try:
-        yield
-    except caught as err:
-        raise UsageError(str(err)) from err
-
-
-# ---- Running a command ----------------------------------------------------------------
-
-
-def wants_help(argv: Sequence[str]) -> bool:
-    """Whether the command line asks for the help (which then ignores everything else)."""
-    return any(arg in ("-h", "--help") for arg in argv)
-
-
-def run_command(
-    body: Callable[[list[str]], int], argv: Sequence[str] | None, help_text: Callable[[], str]
-) -> int:
-    """Run a command's `body(argv)` under the convention above; returns its exit code.
-
-    `--help` prints `help_text()` and returns 0. A UsageError is printed as one line and
-    returns 2; `--log_level debug` (on the command line or in the recipe) prints the
-    traceback before it.
-    """
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if wants_help(argv):
-        sys.stdout.write(help_text())
-        return 0
-    try:
-        return body(argv)
-    except UsageError as err:
-        if peek_option(argv, "log_level") == "debug":
-            traceback.print_exc()
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-def notice(message: str) -> None:
-    """One line on stderr that is not an error (an alias used, a default applied)."""
-    print(f"note: {message}", file=sys.stderr)
-
-
-def stored_help(module: ModuleType, prog: str) -> str | None:
-    """The --help text of `prog` that `module` stores (`TEXTS`), if it was written with the
-    installed versions of the libraries whose options it lists (`LIBRARIES`); else None."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for name, written_with in module.LIBRARIES.items():
-        try:
-            if version(name) != written_with:
-                return None
-        except PackageNotFoundError:
-            return None
-    return module.TEXTS.get(prog)
-
 
 def cuda_bf16() -> bool:
     """Whether this machine has a CUDA GPU with bf16: elsewhere TrainingArguments' bf16,
@@ -123,49 +25,6 @@ def cuda_bf16() -> bool:
     import torch
 
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-
-
-# ---- Options that name a task, its levels and its signals (run, evaluate, collect) ----
-
-
-def check_task(name: str, config: Mapping[str, Any] | None = None):
-    """The task `--task name` names, configured with `--task_config`; UsageError otherwise."""
-    from curriculum.tasks import get_task, list_tasks
-
-    if name not in list_tasks():
-        raise UsageError("--task: unknown task", name, f"choose one of {', '.join(list_tasks())}")
-    try:
-        return get_task(name, **(config or {}))
-    except (TypeError, ValueError) as err:
-        raise UsageError(
-            f"--task_config: task {name!r} refuses it", dict(config or {}), str(err)
-        ) from err
-
-
-def check_level(task, level: Any, option: str = "--level") -> None:
-    """`level` is one of the task's levels; UsageError naming `option` otherwise."""
-    if level not in task.levels:
-        raise UsageError(
-            f"{option} is not a level of task {task.name!r}",
-            level,
-            f"choose one in 1..{task.num_levels}",
-        )
-
-
-def check_signal_weights(task, weights: Mapping[str, Any], option: str) -> dict[str, float]:
-    """Signal -> weight for `task`: every name a signal it reports, every weight finite."""
-    from rewards.weights import check_weights, valid_signals
-
-    valid = valid_signals(task)
-    for name in weights:
-        if name not in valid:
-            raise UsageError(
-                f"{option}: task {task.name!r} reports no signal {name!r}",
-                name,
-                f"weigh its signals, {', '.join(valid)} (e.g. {option} '{{\"correctness\": 1.0}}')",
-            )
-    with usage_errors():
-        return check_weights(task, weights)
 
 
 # ---- Reading the command line and the recipe ------------------------------------------
@@ -279,9 +138,6 @@ def _rename_recipe_aliases(
             key = new[0][2:]
         renamed[key] = value
     return renamed
-
-
-# ---- The parser ---------------------------------------------------------------------
 
 
 def options_parser(
