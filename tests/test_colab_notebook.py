@@ -49,7 +49,7 @@ SMOKE_OVERRIDES = {
     "reflection_max_completion_length": "8 tokens",
     "eval_prompts": "8 held-out prompts",
     "disable_tqdm": "no progress bars in the test's log",
-    "resume": "the notebook's RESUME parameter",
+    "resume": "the notebook's RESUME parameter, passed once OUTPUT_DIR holds a run",
 }
 
 
@@ -290,7 +290,9 @@ def test_notebook_runs_on_cpu_with_the_tiny_model(tiny_model_dir, tmp_path, monk
     checked = set(yaml.safe_load(RECIPE.read_text())) | set(SMOKE_OVERRIDES) | set(CPU_OVERRIDES)
     differing = {k for k in checked if started[k] != recipe[k]}
     gpu_can = {"fp16"} if torch.cuda.is_available() else set()
-    expected = set(SMOKE_OVERRIDES) | (set(CPU_OVERRIDES) - gpu_can)
+    # A fresh OUTPUT_DIR: RESUME passes --resume true only to a folder that holds a run.
+    assert "resume" not in given
+    expected = (set(SMOKE_OVERRIDES) - {"resume"}) | (set(CPU_OVERRIDES) - gpu_can)
     assert differing == expected, {k: (recipe[k], started[k]) for k in differing ^ expected}
     assert started["load_in_4bit"] and started["backend"] == "unsloth"
     # ... its 4-bit base with a LoRA adapter of the recipe's rank, which each folder records.
