@@ -19,8 +19,9 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# --resume true only once runs/tiny holds a run: --resume never starts one.
 demo: setup
-	$(PY) -m pipeline.run --config configs/tiny.yaml --resume true
+	$(PY) -m pipeline.run --config configs/tiny.yaml $(if $(wildcard runs/tiny/curriculum_state.json),--resume true)
 
 # Two workers, one core and one torch thread each (tests/conftest.py).
 test: setup

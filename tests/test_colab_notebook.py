@@ -49,7 +49,7 @@ SMOKE_OVERRIDES = {
     "reflection_max_completion_length": "8 tokens",
     "eval_prompts": "8 held-out prompts",
     "disable_tqdm": "no progress bars in the test's log",
-    "resume": "the notebook's RESUME parameter",
+    "resume": "the notebook's RESUME parameter, passed once OUTPUT_DIR holds a run",
 }
 
 
@@ -123,6 +123,44 @@ def test_the_first_cell_says_what_to_edit_while_the_url_is_a_placeholder():
         assert repo_url == "https://github.com/OWNER/erl-curriculum"
         assert "placeholder" in title and "`REPO_URL`" in title and "`OWNER`" in title
         assert "OWNER is a placeholder" in install.source
+        # Run as shipped, the cell stops with what to set, before it clones or installs.
+        with pytest.raises(RuntimeError, match="REPO_URL is still the placeholder .*: set it"):
+            exec(compile(install.source, "install", "exec"), {})
+
+
+# vLLM's own pins, read from its package metadata on PyPI (PEP 658, no wheel download):
+#   pip install --dry-run --no-deps --ignore-installed --report r.json vllm==0.33.0
+# 0.33.0 is the first release built for torch 2.14 (0.30-0.32 require torch==2.13.0).
+VLLM_VERSION = "0.33.0"
+VLLM_REQUIRES = {"torch": "==2.14.0", "torchvision": "==0.29.0", "transformers": ">=5.16.1,<5.21.0"}
+
+
+def test_the_install_cell_pins_the_vllm_built_for_the_pinned_stack():
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+
+    (install,) = tagged(read_notebook(), "install")
+    assigned = {
+        node.targets[0].id: node.value
+        for node in ast.parse(install.source).body
+        if isinstance(node, ast.Assign)
+    }
+    assert ast.literal_eval(assigned["VLLM_SPEC"]) == f"vllm=={VLLM_VERSION}"
+    project = {
+        Requirement(r).name: Requirement(r).specifier
+        for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    # vLLM's exact torch is one the project allows, and the project's transformers is one
+    # vLLM allows: one resolver can satisfy both in the cell's single pip call.
+    torch_version = VLLM_REQUIRES["torch"].removeprefix("==")
+    assert torch_version in project["torch"]
+    (transformers_pin,) = project["transformers"]
+    assert transformers_pin.version in SpecifierSet(VLLM_REQUIRES["transformers"])
 
 
 def test_the_install_cell_pins_exactly_what_pyproject_pins():
@@ -251,7 +289,9 @@ def test_notebook_runs_on_cpu_with_the_tiny_model(tiny_model_dir, tmp_path, monk
     checked = set(yaml.safe_load(RECIPE.read_text())) | set(SMOKE_OVERRIDES) | set(CPU_OVERRIDES)
     differing = {k for k in checked if started[k] != recipe[k]}
     gpu_can = {"fp16"} if torch.cuda.is_available() else set()
-    expected = set(SMOKE_OVERRIDES) | (set(CPU_OVERRIDES) - gpu_can)
+    # A fresh OUTPUT_DIR: RESUME passes --resume true only to a folder that holds a run.
+    assert "resume" not in given
+    expected = (set(SMOKE_OVERRIDES) - {"resume"}) | (set(CPU_OVERRIDES) - gpu_can)
     assert differing == expected, {k: (recipe[k], started[k]) for k in differing ^ expected}
     assert started["load_in_4bit"] and started["backend"] == "unsloth"
     # ... its 4-bit base with a LoRA adapter of the recipe's rank, which each folder records.

@@ -290,9 +290,10 @@ def test_auto_backend_on_a_gpu_machine_with_unsloth_runs_in_two_processes(tiny_m
 
 
 def test_unsloth_backend_is_refused_under_several_processes():
+    from pipeline.options import UsageError
     from pipeline.run.distributed import backend_for_processes
 
-    with pytest.raises(SystemExit, match="--backend transformers"):
+    with pytest.raises(UsageError, match="--backend transformers"):
         backend_for_processes("unsloth", 2)
     assert backend_for_processes("auto", 2) == "transformers"
     assert backend_for_processes("unsloth", 1) == "unsloth"
@@ -300,10 +301,11 @@ def test_unsloth_backend_is_refused_under_several_processes():
 
 def test_processes_that_do_not_form_a_group_are_refused(erl_args, monkeypatch):
     """torchrun on CPU without use_cpu starts N lone processes: each would train alone."""
+    from pipeline.options import UsageError
     from pipeline.run.distributed import check_parallelism
 
     args = erl_args()
     assert args.world_size == 1
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(SystemExit, match="--use_cpu true"):
+    with pytest.raises(UsageError, match="--use_cpu true"):
         check_parallelism(args)

@@ -152,7 +152,9 @@ def test_a_lora_reward_model_trains_saves_and_scores(tiny_model_dir, tmp_path):
     ]
     summary = train_reward_model(
         pairs,
-        RewardModelArguments(base=tiny_model_dir, use_lora=True, lora_r=4, heldout_fraction=0.2),
+        RewardModelArguments(
+            model_name_or_path=tiny_model_dir, use_lora=True, lora_r=4, heldout_fraction=0.2
+        ),
         RewardConfig(
             **{
                 **project_defaults(),

@@ -2,4 +2,5 @@
 
 cli.py             the command line
 first_attempts.py  evaluate_first_attempts, score_completions, load_for_evaluation
+help_text.py       the stored --help text (scripts/write_cli_help.py writes it)
 """

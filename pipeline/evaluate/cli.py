@@ -2,37 +2,121 @@
 
 Usage:
 
-    python -m pipeline.evaluate --model runs/demo/final --task arithmetic --level 1 --n 64
-    python -m pipeline.evaluate --model Qwen/Qwen2.5-1.5B-Instruct --task countdown --level 2 \\
-        --n 100 --task_config '{"reveal_answer": false}' --json eval.json
+    python -m pipeline.evaluate --model_name_or_path runs/demo/final --task arithmetic --level 1
+    python -m pipeline.evaluate --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --task countdown \\
+        --level 2 --num_prompts 100 --task_config '{"reveal_answer": false}' --output_json eval.json
+    python -m pipeline.evaluate --config eval.yaml --level 3     # a recipe, one value changed
 
-`--model` takes a full model folder, a PEFT adapter folder, a run's stage folder (its
-latest checkpoint-N) or a hub id. An adapter trained on a 4-bit base is evaluated on that
-4-bit base (its folder records it; `--load_in_4bit` quantizes a plain model or hub id
-too). Prints `mean_reward: ...` and `success_rate: ...`, one line each; `--json` also
-writes the result (summary and a few samples) to a file.
+`--model_name_or_path` takes a full model folder, a PEFT adapter folder, a run's stage
+folder or a hub id. A stage folder that holds no model yet (an unfinished stage) is scored
+at its latest trainer checkpoint, and the command names it. An adapter trained on a 4-bit
+base is evaluated on that 4-bit base (its folder records it; `--load_in_4bit true`
+quantizes a plain model or hub id too). Prints `mean_reward: ...` and `success_rate: ...`,
+one line each; `--output_json` also writes the result (summary and a few samples).
 Prompts are held out from training: see `pipeline.evaluate.first_attempts.held_out_seed`.
+
+The options follow the project's convention (`pipeline.options`): a TrlParser dataclass,
+`--config`, booleans as true|false, one-line errors with exit code 2. The old spellings
+`--model`, `--n`, `--json`, `--no_progress` and `--no-load_in_4bit` still work, with a notice.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from typing import Any
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
-from pipeline.models.backend import BACKENDS, activate_backend
+from pipeline.options import UsageError, run_command, usage_errors
+
+PROG = "python -m pipeline.evaluate"
+USAGE = f"{PROG} --model_name_or_path PATH --task NAME --level N [--option VALUE ...]"
+ALIASES = {
+    "--model": ["--model_name_or_path"],
+    "--n": ["--num_prompts"],
+    "--json": ["--output_json"],
+    "--no_progress": ["--disable_tqdm", "true"],
+}
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
+@dataclass
+class EvaluateArguments:
+    """What `python -m pipeline.evaluate` scores, on which prompts, and how it generates."""
+
+    model_name_or_path: str = field(
+        metadata={
+            "help": "Model folder, PEFT adapter folder, a run's stage folder (an unfinished "
+            "stage: its latest checkpoint) or hub id. Was --model."
+        }
+    )
+    task: str = field(metadata={"help": "Task family name, e.g. arithmetic."})
+    level: int = field(metadata={"help": "Difficulty level (1..N)."})
+    num_prompts: int = field(default=64, metadata={"help": "Held-out prompts. Was --n."})
+    task_config: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Task config: one JSON object or key=value pairs.",
+            "metavar": "KEY=VALUE",
+        },
+    )
+    weights: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Score the weighted reward of these signals (as in training) instead of the "
+            "task reward: one JSON object or signal=weight pairs.",
+            "metavar": "SIGNAL=WEIGHT",
+        },
+    )
+    seed: int | None = field(
+        default=None, metadata={"help": "Seed of the prompts (None: the level's held-out seed)."}
+    )
+    max_new_tokens: int = field(default=256, metadata={"help": "Longest completion in tokens."})
+    batch_size: int = field(default=16, metadata={"help": "Prompts per generate call."})
+    do_sample: bool = field(default=False, metadata={"help": "Sample instead of greedy decoding."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (do_sample)."})
+    backend: Literal["auto", "unsloth", "transformers"] | None = field(
+        default=None,
+        metadata={"help": "auto | unsloth | transformers (None: $ERL_BACKEND, else auto)."},
+    )
+    load_in_4bit: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Load the base in 4-bit NF4 (None: when the adapter folder records a 4-bit "
+            "base; true also quantizes a plain model or hub id, as a 4-bit run's base).",
+            "nargs": "?",
+            "const": True,
+        },
+    )
+    output_json: str | None = field(
+        default=None, metadata={"help": "Also write the result as JSON to this file. Was --json."}
+    )
+    disable_tqdm: bool = field(default=False, metadata={"help": "Hide the progress bar."})
+    log_level: Literal["passive", "debug", "info", "warning", "error", "critical"] = field(
+        default="passive", metadata={"help": "debug: a refused option also prints its traceback."}
+    )
+
+    def validate(self) -> None:
+        """Reject a bad count or temperature, naming it."""
+        for name in ("num_prompts", "max_new_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(
+                    f"--{name} must be >= 1", getattr(self, name), "give a positive count"
+                )
+        if self.do_sample and not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise UsageError(
+                "--temperature must be a finite number > 0 with --do_sample true",
+                self.temperature,
+                "e.g. 1.0",
+            )
 
 
-def parse_key_values(items: list[str], option: str) -> dict[str, Any]:
+def parse_key_values(items: list[str] | dict, option: str) -> dict[str, Any]:
     """A dict from one JSON object or from `key=value` pairs (values parsed as JSON if
-    they can be: `n=3` is 3, `reveal_answer=true` is True, `name=abc` is "abc")."""
+    they can be: `n=3` is 3, `reveal_answer=true` is True, `name=abc` is "abc"); a mapping
+    (from a recipe) as it is."""
+    if isinstance(items, dict):
+        return dict(items)
     if len(items) == 1 and items[0].lstrip().startswith("{"):
         value = json.loads(items[0])
         if not isinstance(value, dict):
@@ -50,133 +134,95 @@ def parse_key_values(items: list[str], option: str) -> dict[str, Any]:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The CLI's argument parser."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.evaluate",
-        description="First-attempt mean reward and success rate of a model on one task level.",
-    )
-    parser.add_argument(
-        "--model",
-        required=True,
-        help="Model folder, PEFT adapter folder, run stage folder or hub id.",
-    )
-    parser.add_argument("--task", required=True, help="Task family name, e.g. arithmetic.")
-    parser.add_argument("--level", required=True, type=int, help="Difficulty level (1..N).")
-    parser.add_argument(
-        "--n", type=_positive_int, default=64, help="Held-out prompts (default 64)."
-    )
-    parser.add_argument(
-        "--task_config",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Task config as one JSON object or key=value pairs.",
-    )
-    parser.add_argument(
-        "--weights",
-        nargs="+",
-        default=None,
-        metavar="SIGNAL=WEIGHT",
-        help="Score the weighted reward of these signals (as in training) "
-        "instead of the task reward; JSON object or signal=weight pairs.",
-    )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="Seed of the prompts (default: the held-out seed of the level).",
-    )
-    parser.add_argument(
-        "--max_new_tokens",
-        type=_positive_int,
-        default=256,
-        help="Longest completion in tokens (default 256).",
-    )
-    parser.add_argument(
-        "--batch_size",
-        type=_positive_int,
-        default=16,
-        help="Prompts per generate call (default 16).",
-    )
-    parser.add_argument(
-        "--do_sample", action="store_true", help="Sample instead of greedy decoding."
-    )
-    parser.add_argument(
-        "--temperature",
-        type=float,
-        default=1.0,
-        help="Sampling temperature with --do_sample (default 1.0).",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default=None,
-        help="auto | unsloth | transformers (default: $ERL_BACKEND, else auto).",
-    )
-    parser.add_argument(
-        "--load_in_4bit",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="Load the base in 4-bit NF4 (default: when the adapter folder records a 4-bit "
-        "base; --load_in_4bit also quantizes a plain model or hub id, as a 4-bit run's base).",
-    )
-    parser.add_argument(
-        "--json", default=None, metavar="PATH", help="Also write the result as JSON to PATH."
-    )
-    parser.add_argument("--no_progress", action="store_true", help="Hide the progress bar.")
-    return parser
+def evaluator_parser():
+    """The command's TrlParser (imports trl)."""
+    from pipeline.options import options_parser
+
+    return options_parser((EvaluateArguments,), PROG, usage=USAGE)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (argparse exits with 2 on a bad argument)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """`python -m pipeline.evaluate`; returns the exit code (2: refused, in one line)."""
+    return run_command(evaluate_from_command_line, argv, _help)
 
-    # -- check the task, level and weights before loading anything: bad input fails in a second
-    from curriculum.tasks import get_task
-    from rewards import check_weights
 
+def _help() -> str:
+    from pipeline.evaluate import help_text as stored
+    from pipeline.options import stored_help
+
+    return stored_help(stored, PROG) or evaluator_parser().format_help()
+
+
+def evaluate_from_command_line(argv: list[str]) -> int:
+    """Check every option, then load, generate, score and print."""
+    from pipeline.models.backend import activate_backend
+    from pipeline.options import (
+        check_level,
+        check_local_model_early,
+        check_model_source,
+        check_signal_weights,
+        check_task,
+        parse_options,
+        peek_option,
+    )
+
+    # -- a missing local model is named at once, before the slow imports below
+    check_local_model_early(argv, "model_name_or_path", "model")
+    # -- the backend first: Unsloth must be imported before transformers/peft/trl
+    activate_backend(peek_option(argv, "backend"))
+    (args,) = parse_options((EvaluateArguments,), argv, PROG, aliases=ALIASES)
+    args.validate()
+    if args.disable_tqdm:  # transformers' own bars too (loading the weights)
+        from transformers.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
+
+    # -- the task, level, weights and model before loading anything
+    from pipeline.evaluate.first_attempts import (
+        evaluate_first_attempts,
+        load_for_evaluation,
+        resolve_checkpoint,
+    )
+
+    with usage_errors():  # json.JSONDecodeError is a ValueError too
+        task_config = parse_key_values(args.task_config, "--task_config")
+        weights = None if args.weights is None else parse_key_values(args.weights, "--weights")
+    task = check_task(args.task, task_config)
+    check_level(task, args.level)
+    if weights is not None:
+        weights = check_signal_weights(task, weights, "--weights")
+    check_model_source(args.model_name_or_path, "--model_name_or_path")
+    with usage_errors():
+        folder = resolve_checkpoint(args.model_name_or_path)
+    if Path(folder) != Path(args.model_name_or_path):
+        print(f"model: {folder} (the latest checkpoint in {args.model_name_or_path})")
     try:
-        task = get_task(args.task, **parse_key_values(args.task_config, "--task_config"))
-        task.check_level(args.level)
-        weights = None
-        if args.weights is not None:
-            weights = check_weights(task, parse_key_values(args.weights, "--weights"))
-    except ValueError as err:  # json.JSONDecodeError is one too
-        parser.error(str(err))
-    if args.do_sample and not args.temperature > 0:
-        parser.error(f"--temperature must be > 0 with --do_sample, got {args.temperature}")
-
-    # -- backend first: Unsloth must be imported before transformers/peft/trl
-    activate_backend(args.backend)
-    from pipeline.evaluate.first_attempts import evaluate_first_attempts, load_for_evaluation
-
-    try:
-        model, tokenizer = load_for_evaluation(args.model, load_in_4bit=args.load_in_4bit)
+        model, tokenizer = load_for_evaluation(folder, load_in_4bit=args.load_in_4bit)
     except (ValueError, OSError) as err:
-        parser.error(f"cannot load --model {args.model!r}: {err}")
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError("--model_name_or_path: cannot load it", folder, reason) from err
 
     result = evaluate_first_attempts(
         model,
         tokenizer,
         task,
         args.level,
-        args.n,
+        args.num_prompts,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         do_sample=args.do_sample,
         temperature=args.temperature,
         weights=weights,
-        progress=not args.no_progress,
+        progress=not args.disable_tqdm,
     )
 
     print(f"task: {result.task}  level: {result.level}  n: {result.n}  seed: {result.seed}")
     print(f"mean_reward: {result.mean_reward:.4f}")
     print(f"success_rate: {result.success_rate:.4f}")
-    if args.json:
+    if args.output_json:
         from curriculum.atomic import atomic_write_json
 
-        atomic_write_json(args.json, {"model": args.model, "weights": weights, **result.to_dict()})
+        record = {"model": args.model_name_or_path, "checkpoint": folder, "weights": weights}
+        atomic_write_json(args.output_json, {**record, **result.to_dict()})
     return 0

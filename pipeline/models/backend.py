@@ -19,6 +19,7 @@ without its kernels, 4-bit loading or vLLM.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 
 BACKENDS = ("auto", "unsloth", "transformers")
@@ -47,6 +48,7 @@ def activate_backend(name: str | None = None) -> str:
     global _active
     if name is None and _active is not None:
         return _active  # the modules that subclass TRL classes call this without a name
+    silence_import_noise()  # before anything below imports torchao or bitsandbytes
     resolved = resolve_backend(name or os.environ.get(BACKEND_ENV, "auto"))
     if _active is not None:
         if resolved != _active:
@@ -65,6 +67,34 @@ def activate_backend(name: str | None = None) -> str:
     install_cpu_logprob_fallback()
     _active = resolved
     return resolved
+
+
+# Two warnings that the pinned stack prints on import and that say nothing to a user: torch
+# about an Enum torchao registers (twice), and bitsandbytes about an optional CPU kernel
+# package. Logger -> the start of the one message it drops; everything else still prints.
+IMPORT_NOISE = {
+    "torch.utils._pytree": "%s is an Enum subclass and is now natively supported",
+    "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community",
+}
+
+
+class _DropMessage(logging.Filter):
+    """Drops the records whose message (its format string) starts with `start`."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+def silence_import_noise() -> None:
+    """Drop exactly the IMPORT_NOISE messages, before the libraries that print them load."""
+    for name, start in IMPORT_NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessage) for f in logger.filters):
+            logger.addFilter(_DropMessage(start))
 
 
 def active_backend() -> str | None:

@@ -8,4 +8,5 @@ config.py   the command line's options: RewardConfig's own plus RewardModelArgum
 train.py    train_reward_model: TRL's RewardTrainer, held-out accuracy, calibration
 cli.py      the training command line
 signals.py  a trained model (or a preference function) as a reward signal and feedback
+help_text.py  the stored --help texts of both commands (scripts/write_cli_help.py)
 """

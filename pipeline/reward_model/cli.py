@@ -1,33 +1,55 @@
 """Train a reward model from preference pairs or ratings: `python -m pipeline.reward_model`.
 
-    python -m pipeline.reward_model --pairs pairs.jsonl --base <model> --output_dir runs/rm
-    python -m pipeline.reward_model --dataset_name data.parquet --base <model> --output_dir runs/rm
-    python -m pipeline.reward_model --from_run runs/x --base <model> --output_dir runs/rm --use_lora true
+    python -m pipeline.reward_model --pairs pairs.jsonl --model_name_or_path <model> --output_dir runs/rm
+    python -m pipeline.reward_model --dataset_name data.parquet --model_name_or_path <model> --output_dir runs/rm
+    python -m pipeline.reward_model --from_run runs/x --model_name_or_path <model> --output_dir runs/rm --use_lora true
     python -m pipeline.reward_model --config rm.yaml --num_train_epochs 12   # recipe + overrides
     python -m pipeline.reward_model --help                                   # every option
 
 The options are TRL's `RewardConfig` fields plus the project's few
 (`pipeline.reward_model.config`); pairs: `pipeline.reward_model.pairs`; training:
-`pipeline.reward_model.train`. The last line printed is `heldout_pair_accuracy: X`.
+`pipeline.reward_model.train`. The last line printed is `heldout_pair_accuracy: X`. A bad
+option, a bad pair or a base model that is not there is one line, `error: ...`, with exit
+code 2, before anything is written (`pipeline.options`).
 """
 
 from __future__ import annotations
 
-import sys
-
-from pipeline.reward_model.pairs import pairs_from_run, read_dataset, read_pairs
-from pipeline.reward_model.train import train_reward_model
+from pipeline.options import run_command, usage_errors
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    from pipeline.models.backend import activate_backend
+    """`python -m pipeline.reward_model`; returns the exit code (2: refused, in one line)."""
+    return run_command(train_from_command_line, argv, _help)
 
+
+def _help() -> str:
+    """The --help text: the stored one when it is current, else the parser's (slow)."""
+    from pipeline.models.backend import activate_backend
+    from pipeline.options import stored_help
+    from pipeline.reward_model import help_text as stored
+    from pipeline.reward_model.config import PROG, reward_model_parser
+
+    text = stored_help(stored, PROG)
+    if text is None:
+        activate_backend()  # before trl
+        text = reward_model_parser().format_help()
+    return text
+
+
+def train_from_command_line(argv: list[str]) -> int:
+    """Read the options and the pairs, check the base model, train, print the summary."""
+    from pipeline.models.backend import activate_backend
+    from pipeline.options import check_local_model_early, check_model_source
+
+    check_local_model_early(argv, "model_name_or_path", "base")  # before the slow imports
     activate_backend()  # unsloth (on a GPU) must be imported before trl and transformers
     from pipeline.reward_model.config import parse_reward_model_config
+    from pipeline.reward_model.pairs import pairs_from_run, read_dataset, read_pairs
+    from pipeline.reward_model.train import train_reward_model
 
-    try:
-        options, args = parse_reward_model_config(argv)
+    options, args = parse_reward_model_config(argv)
+    with usage_errors(OSError, ValueError):  # a pair file's own messages name file and line
         if options.from_run:
             pairs = pairs_from_run(options.from_run)
         elif options.pairs:
@@ -36,9 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             pairs = read_dataset(
                 options.dataset_name, options.dataset_config, options.dataset_train_split
             )
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    check_model_source(options.model_name_or_path, "--model_name_or_path")
     summary = train_reward_model(pairs, options, args)
     print(f"pairs: {summary['train_pairs']} train, {summary['heldout_pairs']} held out")
     print(f"train_loss: {summary['train_loss']:.4f}")

@@ -1,8 +1,8 @@
 """Sample a policy on a task and rate each reply: on-policy ratings for a reward model.
 
-    python -m pipeline.reward_model.collect --model runs/tiny/warmup --task arithmetic --level 1 \\
-        --prompts 400 --samples 8 --output ratings.jsonl
-    python -m pipeline.reward_model --pairs ratings.jsonl --base <model> --output_dir runs/rm
+    python -m pipeline.reward_model.collect --model_name_or_path runs/tiny/warmup --task arithmetic \\
+        --level 1 --prompts 400 --samples 8 --output ratings.jsonl
+    python -m pipeline.reward_model --pairs ratings.jsonl --model_name_or_path <model> --output_dir runs/rm
 
 A reward model only helps RL if it ranks the replies the policy actually writes: one
 trained on made-up pairs (the right sum against a random wrong one) ranked the tiny
@@ -21,14 +21,16 @@ seeds, see `pipeline.evaluate.first_attempts.held_out_seed`).
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import os
 import sys
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from curriculum.atomic import atomic_write_text
-from pipeline.models.backend import BACKENDS, activate_backend
+from pipeline.models.backend import activate_backend
+from pipeline.options import UsageError, run_command, usage_errors
 
 SEED_OFFSET = 500_000
 """Prompt seeds start here: away from the stages' and the warm-up's, below the held-out ones."""
@@ -88,55 +90,98 @@ def write_ratings(ratings: list[dict[str, Any]], output: str | os.PathLike[str])
     atomic_write_text(output, "".join(json.dumps(r) + "\n" for r in ratings))
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
+@dataclass
+class CollectArguments:
+    """The options of `python -m pipeline.reward_model.collect`."""
+
+    model_name_or_path: str = field(
+        metadata={"help": "The policy: model or adapter folder (or hub id). Was --model."}
+    )
+    task: str = field(metadata={"help": "Task family name, e.g. arithmetic."})
+    level: int = field(metadata={"help": "Difficulty level (1..N)."})
+    output: str = field(metadata={"help": "JSONL file of ratings to write."})
+    prompts: int = field(default=400, metadata={"help": "Training prompts."})
+    samples: int = field(default=8, metadata={"help": "Sampled replies per prompt."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Longest reply in tokens."})
+    batch_size: int = field(default=64, metadata={"help": "Prompts per generate call."})
+    seed: int = field(default=0, metadata={"help": f"Prompts and sampling, in [0, {SEED_OFFSET})."})
+    backend: Literal["auto", "unsloth", "transformers"] | None = field(
+        default=None,
+        metadata={"help": "auto | unsloth | transformers (None: $ERL_BACKEND, else auto)."},
+    )
+    disable_tqdm: bool = field(
+        default=False, metadata={"help": "Hide the progress bar. Was --quiet."}
+    )
+    log_level: Literal["passive", "debug", "info", "warning", "error", "critical"] = field(
+        default="passive", metadata={"help": "debug: a refused option also prints its traceback."}
+    )
+
+    def validate(self) -> None:
+        """Reject a bad count, temperature or seed, naming it."""
+        for name in ("prompts", "samples", "max_new_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(
+                    f"--{name} must be >= 1", getattr(self, name), "give a positive count"
+                )
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise UsageError(
+                "--temperature must be a finite number > 0", self.temperature, "e.g. 1.0"
+            )
+        if not 0 <= self.seed < SEED_OFFSET:  # higher seeds would reach the held-out prompts
+            raise UsageError(f"--seed must be in [0, {SEED_OFFSET})", self.seed, "e.g. 0")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line of `python -m pipeline.reward_model.collect`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.reward_model.collect", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--model", required=True, help="The policy: model or adapter folder.")
-    parser.add_argument("--task", required=True, help="Task family name, e.g. arithmetic.")
-    parser.add_argument("--level", required=True, type=int, help="Difficulty level (1..N).")
-    parser.add_argument("--output", required=True, help="JSONL file of ratings to write.")
-    parser.add_argument(
-        "--prompts", type=_positive_int, default=400, help="Training prompts (default 400)."
-    )
-    parser.add_argument(
-        "--samples", type=_positive_int, default=8, help="Sampled replies per prompt (default 8)."
-    )
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--max_new_tokens", type=_positive_int, default=256)
-    parser.add_argument("--batch_size", type=_positive_int, default=64)
-    parser.add_argument("--seed", type=int, default=0, help="Prompts and sampling.")
-    parser.add_argument("--backend", choices=BACKENDS, default=None)
-    parser.add_argument("--quiet", action="store_true", help="No progress bar.")
-    args = parser.parse_args(argv)
-    if not args.temperature > 0:
-        parser.error(f"--temperature must be > 0, got {args.temperature}")
-    if not 0 <= args.seed < SEED_OFFSET:  # higher seeds would reach the held-out prompts
-        parser.error(f"--seed must be in [0, {SEED_OFFSET}), got {args.seed}")
-    return args
+PROG = "python -m pipeline.reward_model.collect"
+USAGE = f"{PROG} --model_name_or_path PATH --task NAME --level N --output FILE [--option VALUE ...]"
+ALIASES = {"--model": ["--model_name_or_path"], "--quiet": ["--disable_tqdm", "true"]}
+
+
+def collector_parser():
+    """The command's TrlParser (imports trl)."""
+    from pipeline.options import options_parser
+
+    return options_parser((CollectArguments,), PROG, usage=USAGE)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else list(argv))
-    activate_backend(args.backend)  # unsloth (on a GPU) must be imported before transformers
-    from curriculum.tasks import get_task
+    """`python -m pipeline.reward_model.collect`; returns the exit code (2: refused)."""
+    return run_command(collect_from_command_line, argv, _help)
+
+
+def _help() -> str:
+    from pipeline.options import stored_help
+    from pipeline.reward_model import help_text as stored
+
+    return stored_help(stored, PROG) or collector_parser().format_help()
+
+
+def collect_from_command_line(argv: list[str]) -> int:
+    """Check every option, load the policy, sample, rate and write the ratings."""
+    from pipeline.options import (
+        check_level,
+        check_local_model_early,
+        check_model_source,
+        check_task,
+        parse_options,
+        peek_option,
+    )
+
+    check_local_model_early(argv, "model_name_or_path", "model")  # before the slow imports
+    activate_backend(peek_option(argv, "backend"))  # unsloth (GPU) must precede transformers
+    (args,) = parse_options((CollectArguments,), argv, PROG, aliases=ALIASES)
+    args.validate()
+    if args.disable_tqdm:  # transformers' own bars too (loading the weights)
+        from transformers.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
     from pipeline.evaluate.first_attempts import load_for_evaluation
 
-    try:
-        task = get_task(args.task)
-        task.check_level(args.level)
-        model, tokenizer = load_for_evaluation(args.model)
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    task = check_task(args.task)
+    check_level(task, args.level)
+    check_model_source(args.model_name_or_path, "--model_name_or_path")
+    with usage_errors(OSError, ValueError):
+        model, tokenizer = load_for_evaluation(args.model_name_or_path)
     ratings = collect_ratings(
         model,
         tokenizer,
@@ -148,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         seed=args.seed,
-        progress=not args.quiet,
+        progress=not args.disable_tqdm,
     )
     write_ratings(ratings, args.output)
     solved = sum(r["score"] >= 1 for r in ratings)

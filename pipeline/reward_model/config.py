@@ -6,7 +6,9 @@ Two dataclasses share one command line: TRL's `RewardConfig` (every TrainingArgu
 option, plus `max_length`, `center_rewards_coefficient`, ...) and `RewardModelArguments`
 (the base model, where the pairs come from, the held-out share, margins, LoRA). They are
 parsed as `pipeline.run` parses its own (`pipeline.options`): a `--config` YAML recipe,
-then command-line overrides, an unknown option refused by name.
+then command-line overrides, an unknown option refused by name, a bad value a one-line
+UsageError. `--base` is the old spelling of `--model_name_or_path` (an alias, with a
+notice).
 
 Where RewardConfig's defaults differ from what a reward model on this project wants, the
 parser starts from the project's (`project_defaults()`: 1 epoch, batch 16, a cosine
@@ -16,10 +18,12 @@ with bf16); a value from the recipe or the command line reaches `RewardTrainer` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 PROG = "python -m pipeline.reward_model"
+ALIASES = {"--base": ["--model_name_or_path"]}
 
 _DEFAULTS: dict[str, Any] = {
     "num_train_epochs": 1.0,
@@ -41,17 +45,21 @@ def project_defaults() -> dict[str, Any]:
     """
     import torch
 
-    cuda = torch.cuda.is_available()
-    bf16 = cuda and torch.cuda.is_bf16_supported()
-    return {**_DEFAULTS, "bf16": None if bf16 else False, "use_cpu": not cuda}
+    from pipeline.options import cuda_bf16
+
+    return {
+        **_DEFAULTS,
+        "bf16": None if cuda_bf16() else False,
+        "use_cpu": not torch.cuda.is_available(),
+    }
 
 
 @dataclass
 class RewardModelArguments:
     """The project's additions to RewardConfig: base model, data source, held-out share, LoRA."""
 
-    base: str = field(
-        metadata={"help": "Base model: hub id or local folder (e.g. the SFT policy)."}
+    model_name_or_path: str = field(
+        metadata={"help": "Base model: hub id or local folder (e.g. the SFT policy). Was --base."}
     )
     pairs: str | None = field(
         default=None,
@@ -113,14 +121,27 @@ class RewardModelArguments:
                 raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}")
 
 
-def parse_reward_model_config(argv: list[str]):
-    """(RewardModelArguments, RewardConfig) from a recipe and overrides; ValueError on a bad value.
+def reward_model_parser():
+    """The command's TrlParser, as `--help` shows it (no machine-dependent defaults).
 
     Call after `activate_backend`: this imports trl.
     """
     from trl import RewardConfig
 
-    from pipeline.options import parse_options
+    from pipeline.options import options_parser
+
+    return options_parser(
+        (RewardModelArguments, RewardConfig), PROG, defaults=_DEFAULTS, required=("output_dir",)
+    )
+
+
+def parse_reward_model_config(argv: list[str]):
+    """(RewardModelArguments, RewardConfig) from a recipe and overrides; UsageError on a bad
+    value. Call after `activate_backend`: this imports trl.
+    """
+    from trl import RewardConfig
+
+    from pipeline.options import UsageError, parse_options, usage_errors
 
     options, args = parse_options(
         (RewardModelArguments, RewardConfig),
@@ -128,13 +149,20 @@ def parse_reward_model_config(argv: list[str]):
         prog=PROG,
         defaults=project_defaults(),
         required=("output_dir",),
+        aliases=ALIASES,
     )
-    options.validate()
+    with usage_errors():
+        options.validate()
     for name in ("num_train_epochs", "learning_rate", "per_device_train_batch_size"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name} must be > 0, got {getattr(args, name)}")
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"--{name} must be a finite number > 0", value, "give a positive one")
     if args.max_length is not None and args.max_length < 1:
-        raise ValueError(f"--max_length must be >= 1 (or None), got {args.max_length}")
+        raise UsageError("--max_length must be >= 1 (or None)", args.max_length, "e.g. 1024")
     if args.eval_strategy != "no" and options.heldout_fraction == 0:
-        raise ValueError("--eval_strategy evaluates the held-out pairs: set --heldout_fraction > 0")
+        raise UsageError(
+            "--eval_strategy evaluates the held-out pairs, and none are held out",
+            "--heldout_fraction 0",
+            "set --heldout_fraction > 0, or --eval_strategy no",
+        )
     return options, args

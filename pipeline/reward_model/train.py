@@ -50,7 +50,7 @@ def train_reward_model(
         raise ValueError(
             "no training pairs left after holding out prompts; lower --heldout_fraction"
         )
-    tokenizer = AutoTokenizer.from_pretrained(options.base, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(options.model_name_or_path, trust_remote_code=False)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
@@ -74,7 +74,7 @@ def train_reward_model(
     hf_logging.set_verbosity_error()
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            options.base,
+            options.model_name_or_path,
             num_labels=1,
             trust_remote_code=False,
             dtype=torch.bfloat16 if args.bf16 else None,
@@ -126,7 +126,7 @@ def train_reward_model(
         mean = sum(scores) / len(scores)
         std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores)) or 1.0
         summary = {
-            "base": options.base,
+            "base": options.model_name_or_path,
             "objectives": ["reward"],
             "calibration": {
                 "mean": [mean],

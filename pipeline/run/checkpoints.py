@@ -21,6 +21,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from curriculum.atomic import atomic_folder
 from pipeline.layout import CONTROLLER_FILE, STATE_FILE, RunLayout
+from pipeline.options import UsageError
 
 KILL_POINT_ENV = "ERL_TEST_KILL_AT"
 """Tests only: "<point>:<stage>" makes the run SIGKILL itself at that point."""
@@ -41,16 +42,33 @@ def remove_finished_checkpoints(layout: RunLayout, state) -> None:
 
 
 def check_output_dir(layout: RunLayout, resume: bool) -> None:
-    """Refuse to overwrite a previous run unless resuming; refuse to resume nothing."""
+    """Refuse to overwrite a previous run unless resuming, and to resume where there is no
+    run: `--resume true` continues a run, it never starts one (a misspelled folder would
+    otherwise begin a new run there). UsageError naming the folder and what to do."""
     root = layout.root
-    has_run = root.exists() and any(root.iterdir())
-    if has_run and not resume:
-        raise SystemExit(
-            f"error: output_dir {root} is not empty. Pass --resume true to continue that run, "
-            "or choose another --output_dir."
+    holds_files = root.is_dir() and any(root.iterdir())
+    if root.exists() and not root.is_dir():
+        raise UsageError("--output_dir is a file, not a folder", root, "choose a folder")
+    if not resume:
+        if holds_files:
+            raise UsageError(
+                "--output_dir holds files already",
+                root,
+                "pass --resume true to continue the run there, or choose another --output_dir",
+            )
+        return
+    if not holds_files:
+        raise UsageError(
+            "--resume true: there is no run to resume in --output_dir",
+            f"{root}: {'empty' if root.exists() else 'no such folder'}",
+            "check the folder's name, or leave out --resume to start a new run there",
         )
-    if resume and not layout.state.exists() and has_run:
-        raise SystemExit(f"error: --resume: {root} holds no {STATE_FILE} to resume from")
+    if not layout.state.exists():
+        raise UsageError(
+            f"--resume true: --output_dir holds no {STATE_FILE}, so it is not a run's folder",
+            root,
+            "give the folder of the run to resume",
+        )
 
 
 def save_policy(model, tokenizer, memory, folder: Path, *, atomic: bool = False) -> Path:

@@ -9,110 +9,118 @@
     accelerate launch --config_file configs/accelerate/ddp.yaml -m pipeline.run \
         --config configs/qwen2.5-1.5b.yaml --backend transformers   # several GPUs (DDP)
 
-main() reads top to bottom: choose the backend -> parse the config -> build the task ->
-load the model -> assemble the rewards -> warm up -> run the stages -> save and plot.
-The output folder it writes is described in `pipeline.layout`.
+main() reads top to bottom: choose the backend -> parse and check every option -> load the
+model -> assemble the rewards -> write the state -> warm up -> run the stages -> save and
+plot. Nothing is written before the model and the rewards have loaded, so a refused start
+leaves the output folder as it was. The output folder it writes is described in
+`pipeline.layout`; the error convention in `pipeline.options`.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
+from contextlib import contextmanager
+from pathlib import Path
 
-from pipeline.run.config import peek_log_level, verbose
+from pipeline.options import UsageError, run_command
 
 logger = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    quiet = not verbose(peek_log_level(argv))
-    if quiet:  # torch (through torchao) and bitsandbytes warn about optional CPU kernels
-        for name in ("torch.utils._pytree", "bitsandbytes"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+    """`python -m pipeline.run`; returns the exit code (2: an option refused, in one line)."""
+    return run_command(run_curriculum, argv, _help)
 
-    # ---- Config. The backend is resolved first: it decides how trl is imported.
+
+def _help() -> str:
+    """The --help text: the stored one when it is current, else the parser's (slow)."""
+    from pipeline.options import stored_help
+    from pipeline.run import help_text as stored
+    from pipeline.run.config import PROG, run_parser
+
+    return stored_help(stored, PROG) or run_parser().format_help()
+
+
+def run_curriculum(argv: list[str]) -> int:
+    """The run itself, top to bottom; a refused option raises UsageError before any write."""
+    from pipeline.run.config import peek_log_level, verbose
+
+    quiet = not verbose(peek_log_level(argv))
+
+    # ---- Config: every option checked before anything is written. The backend is resolved
+    # first: it decides how trl is imported.
     from pipeline.run import distributed
     from pipeline.run.config import (
+        check_policy_path_early,
         choose_backend,
         parse_run_config,
-        record_or_check_config,
         resolved_config,
     )
 
+    check_policy_path_early(argv)  # a typo in a local path is named in a second
     backend = choose_backend(argv)
     run, model_config, curriculum_config, args = parse_run_config(argv)
     model_config.backend = backend  # resolved once: the loader and run_config.json read this
     config = resolved_config(run, model_config, curriculum_config, args)
-    distributed.check_parallelism(args)
     main_process = distributed.is_main_process()  # the one that writes the run's files
     logging.basicConfig(
         level=logging.INFO if main_process else logging.WARNING, format="%(message)s"
     )
     if distributed.launched_processes() > 1:
         logger.info(distributed.describe())
-    from pipeline.models.backend import unsloth_patches_trainers
 
-    if run.save_gguf and not unsloth_patches_trainers():
-        raise SystemExit("error: --save_gguf needs the unsloth backend on a CUDA GPU")
-    if run.save_merged and not model_config.use_lora:
-        raise SystemExit(
-            "error: --save_merged needs use_lora: a fully fine-tuned final/ is already merged"
-        )
-    from pipeline.run.config import check_machine
-
-    check_machine(model_config, args)  # before anything is written: a refusal leaves no run
-
-    from curriculum.controller import CurriculumController
-    from curriculum.tasks import get_task
     from pipeline.erl.memory import ReflectionMemory
     from pipeline.layout import RunLayout
     from pipeline.models.loading import load_policy
     from pipeline.models.tiny import build_tiny_model
-    from pipeline.run.checkpoints import check_output_dir, remove_finished_checkpoints, save_policy
+    from pipeline.run.checkpoints import remove_finished_checkpoints, save_policy
+    from pipeline.run.checks import check_run
+    from pipeline.run.config import record_config
     from pipeline.run.console import quiet_libraries
     from pipeline.run.rewards import build_run_rewards
     from rewards import GenerationsLog
 
     if quiet:
         quiet_libraries()
-
     layout = RunLayout(args.output_dir)
-    check_output_dir(layout, run.resume)
+    # The task, levels, signals, model paths, machine and folder (a refusal writes nothing).
+    task, controller = check_run(run, model_config, curriculum_config, args, layout, config)
     distributed.wait_for_everyone()  # every process checks the folder before anything is written
-    if main_process:
-        layout.root.mkdir(parents=True, exist_ok=True)
-    state = distributed.load_curriculum_state(layout.state)
-    state.save()  # first thing: a run killed at any point after this can be resumed
-    # A resume must train alike: every process checks, the main one records.
-    record_or_check_config(layout.root, config, run.resume, write=main_process)
-    if main_process:
-        remove_finished_checkpoints(layout, state)  # left by a kill after a stage ended
 
-    # ---- Task and controller (a bad task option fails before the model loads).
-    task = get_task(run.task, **run.task_config)
-    controller = CurriculumController(curriculum_config, task.num_levels)
-    if state.controller:
-        controller.load_state_dict(state.controller)
-
-    # ---- The model: loaded once, it stays loaded across stages.
+    # ---- The model: loaded once, it stays loaded across stages; then the rewards, whose
+    # learned signals score on the policy's device. Both before the first write too.
     if run.build_tiny_model and main_process:
+        if not Path(model_config.model_name_or_path).exists():  # said, as a hub id reads alike
+            logger.info(f"building the offline tiny model into {model_config.model_name_or_path}")
         build_tiny_model(model_config.model_name_or_path)
     distributed.wait_for_everyone()  # the others load what the main process built
-    model, tokenizer = load_policy(
-        model_config,
-        seed=args.seed,
-        trust_remote_code=args.trust_remote_code,
-        gradient_checkpointing=args.gradient_checkpointing,
-    )
-
-    # ---- Rewards: programs and learned signals (those score on the policy's device).
+    with _loading("--model_name_or_path", model_config.model_name_or_path):
+        model, tokenizer = load_policy(
+            model_config,
+            seed=args.seed,
+            trust_remote_code=args.trust_remote_code,
+            gradient_checkpointing=args.gradient_checkpointing,
+        )
     generations_log = (
         GenerationsLog(layout.root, every=run.log_generations_every) if main_process else None
     )
-    rewards = build_run_rewards(
-        task, run, device=next(model.parameters()).device, generations_log=generations_log
-    )
+    learned = ", ".join([*run.reward_models, *run.preference_functions])
+    with _loading("--reward_models / --preference_functions", learned):
+        rewards = build_run_rewards(
+            task, run, device=next(model.parameters()).device, generations_log=generations_log
+        )
+
+    # ---- The run's files: the state first, so that a run killed after this resumes.
+    if main_process:
+        layout.root.mkdir(parents=True, exist_ok=True)
+    state = distributed.load_curriculum_state(layout.state)
+    state.save()
+    if main_process and not (run.resume and layout.run_config.exists()):
+        record_config(layout.root, config)  # a resume must match it (checked above)
+    if main_process:
+        remove_finished_checkpoints(layout, state)  # left by a kill after a stage ended
+    if state.controller:
+        controller.load_state_dict(state.controller)
     memory = ReflectionMemory(args.memory_size if args.enable_memory else 0)
     restored = _restore_latest(model, memory, layout, state)
     if restored:
@@ -172,6 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         f"done: {len(state.stages)} stages, {promoted} promoted; final model in {layout.final}"
     )
     return 0
+
+
+@contextmanager
+def _loading(option: str, source: str):
+    """A model that exists but will not load (no weights, a bad config) as a UsageError: it
+    is still a start that wrote nothing."""
+    try:
+        yield
+    except (OSError, ValueError, ImportError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(f"{option}: cannot load it", source, reason) from err
 
 
 def _restore_latest(model, memory, layout, state):

@@ -4,13 +4,13 @@
 
 Four dataclasses share one command line: `RunConfig` (task, rewards, warm-up, output),
 `ModelConfig` (model and LoRA), `CurriculumConfig` (stages) and `ERLConfig` (every
-GRPOConfig option plus ERL's). An unknown option, in the YAML file or on the command
-line, is an error that names it.
+GRPOConfig option plus ERL's), parsed by `pipeline.options`. A bad option, in the YAML
+file or on the command line, is a UsageError that names it; what needs the task or the
+machine is checked in `pipeline.run.checks`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -18,16 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from curriculum.atomic import atomic_write_json
 from curriculum.controller import CurriculumConfig
 from pipeline.layout import RunLayout
-from pipeline.models.backend import BACKEND_ENV, activate_backend, resolve_backend
+from pipeline.models.backend import BACKEND_ENV, BACKENDS, activate_backend, resolve_backend
 from pipeline.models.loading import ModelConfig
-from pipeline.options import parse_options
+from pipeline.options import (
+    UsageError,
+    check_local_model_early,
+    cuda_bf16,
+    options_parser,
+    parse_options,
+    peek_option,
+    usage_errors,
+)
 from pipeline.run.distributed import backend_for_processes, launched_processes
 
+PROG = "python -m pipeline.run"
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
@@ -147,6 +154,15 @@ class RunConfig:
         for name in ("eval_prompts", "warmup_sft_steps", "warmup_sft_examples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.warmup_sft_steps:
+            check_learning_rate("warmup_sft_learning_rate", self.warmup_sft_learning_rate)
+
+
+def check_learning_rate(name: str, value: float) -> None:
+    """Refuse a learning rate that is not a finite number > 0 (a negative one would train
+    away from the data, silently)."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise UsageError(f"--{name} must be a finite number > 0", value, "e.g. 5e-4")
 
 
 def _mapping(name: str, value: Any) -> dict:
@@ -160,19 +176,14 @@ def _mapping(name: str, value: Any) -> dict:
     return value
 
 
-def _peek(argv: list[str], name: str) -> str | None:
-    """Option `name` from the command line, else from the recipe, before parsing."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--config")
-    parser.add_argument(f"--{name}")
-    known, _ = parser.parse_known_args(argv)
-    if getattr(known, name):
-        return getattr(known, name)
-    if known.config and Path(known.config).exists():
-        recipe = yaml.safe_load(Path(known.config).read_text()) or {}
-        if isinstance(recipe, dict) and recipe.get(name):
-            return str(recipe[name])
-    return None
+def check_policy_path_early(argv: list[str]) -> None:
+    """A policy path that looks local and does not exist, refused before the slow imports
+    (trl, transformers), unless the run builds the tiny model there. The full check, hub
+    ids included, comes with the others (`pipeline.run.checks`)."""
+    argv = with_default_recipe(argv)
+    builds = (peek_option(argv, "build_tiny_model") or "false").lower() in ("true", "yes", "1")
+    if not builds:
+        check_local_model_early(argv, "model_name_or_path")
 
 
 def choose_backend(argv: list[str]) -> str:
@@ -184,26 +195,13 @@ def choose_backend(argv: list[str]) -> str:
     The run writes the result into `ModelConfig.backend`, which every later reader (the
     policy loader, run_config.json) takes.
     """
-    requested = _peek(with_default_recipe(argv), "backend") or os.environ.get(BACKEND_ENV, "auto")
+    argv = with_default_recipe(argv)
+    given = peek_option(argv, "backend")
+    requested = given or os.environ.get(BACKEND_ENV, "auto")
+    if requested not in BACKENDS:
+        where = "--backend" if given else BACKEND_ENV
+        raise UsageError(f"{where}: unknown backend", requested, f"choose {', '.join(BACKENDS)}")
     return activate_backend(resolve_backend(backend_for_processes(requested, launched_processes())))
-
-
-def check_machine(model, args) -> None:
-    """Refuse, before the run writes anything, settings this machine would silently drop:
-    vLLM without the unsloth backend on a GPU, 4-bit without bitsandbytes, fp16 on a CPU."""
-    from pipeline.models.loading import check_machine_supports
-
-    try:
-        check_machine_supports(model)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from err
-    if args.fp16 and args.device.type == "cpu":
-        # accelerate enables fp16 autocast and its grad scaler only off the CPU.
-        raise SystemExit(
-            "error: fp16 needs a GPU: on a CPU accelerate ignores it (no autocast, no grad "
-            "scaler) and the run would train in float32 while its config says fp16. Pass "
-            "--fp16 false on a CPU (--bf16 true autocasts on a CPU, slowly)"
-        )
 
 
 # transformers' `log_level` values that bring back the per-step metric dictionaries.
@@ -218,7 +216,7 @@ def verbose(log_level: str) -> bool:
 
 def peek_log_level(argv: list[str]) -> str:
     """The `log_level` option, read before the libraries that print on import load."""
-    return _peek(argv, "log_level") or "passive"
+    return peek_option(with_default_recipe(argv), "log_level") or "passive"
 
 
 # ---- The configuration a run started with ---------------------------------------------
@@ -273,31 +271,31 @@ def _json_values(value: Any) -> Any:
     return value
 
 
-def record_or_check_config(
-    output_dir: Path, config: dict[str, Any], resume: bool, write: bool = True
-) -> None:
-    """Save `config` as the run's run_config.json (when `write`: the main process), or, on a
-    resume, refuse it if an option outside RESUME_SAFE_OPTIONS differs from the one the run
-    started with."""
+def check_resume_config(output_dir: Path, config: dict[str, Any]) -> None:
+    """On a resume, refuse `config` if an option outside RESUME_SAFE_OPTIONS differs from
+    the one the run started with (its run_config.json; a run without one is not checked)."""
     path = RunLayout(output_dir).run_config
-    if resume and path.exists():
-        started = json.loads(path.read_text())
-        differing = sorted(
-            key
-            for key in set(started) | set(config)
-            if key not in RESUME_SAFE_OPTIONS and started.get(key) != config.get(key)
-        )
-        if differing:
-            lines = [f"  {key}: {started.get(key)!r} -> {config.get(key)!r}" for key in differing]
-            raise SystemExit(
-                f"error: --resume: the run in {output_dir} started with other options "
-                f"({path}):\n" + "\n".join(lines) + "\nResume with the same recipe and "
-                "options, or start a new run in another --output_dir. Options a resume may "
-                f"change: {', '.join(sorted(RESUME_SAFE_OPTIONS))}."
-            )
+    if not path.exists():
         return
-    if write:
-        atomic_write_json(path, config)
+    started = json.loads(path.read_text())
+    differing = sorted(
+        key
+        for key in set(started) | set(config)
+        if key not in RESUME_SAFE_OPTIONS and started.get(key) != config.get(key)
+    )
+    if differing:
+        changes = "; ".join(f"{k}: {started.get(k)!r} -> {config.get(k)!r}" for k in differing)
+        raise UsageError(
+            f"--resume true: the run in {output_dir} started with other options",
+            changes,
+            f"resume with the options in {path}, or start a new run in another --output_dir "
+            f"(a resume may change {', '.join(sorted(RESUME_SAFE_OPTIONS))})",
+        )
+
+
+def record_config(output_dir: Path, config: dict[str, Any]) -> None:
+    """Save `config` as the run's run_config.json (the main process, once it starts)."""
+    atomic_write_json(RunLayout(output_dir).run_config, config)
 
 
 def with_default_recipe(argv: list[str]) -> list[str]:
@@ -309,34 +307,71 @@ def with_default_recipe(argv: list[str]) -> list[str]:
     return argv
 
 
+def run_parser():
+    """The run's TrlParser, as `--help` shows it (no machine-dependent defaults); importing
+    ERLConfig activates the backend (from ERL_BACKEND) if none is active yet."""
+    from pipeline.erl.config import ERLConfig
+
+    return options_parser(_dataclasses(ERLConfig), PROG)
+
+
+def _dataclasses(erl_config: type) -> tuple[type, ...]:
+    return (RunConfig, ModelConfig, CurriculumConfig, erl_config)
+
+
+def _check_precision(namespace) -> None:
+    """bf16 asked for where transformers would refuse it with a message about `use_cpu`."""
+    if namespace.bf16 and not namespace.use_cpu and not cuda_bf16():
+        raise UsageError(
+            "--bf16 needs a CUDA GPU with bf16, and this machine has none",
+            namespace.bf16,
+            "pass --bf16 false (or add --use_cpu true to autocast bf16 on the CPU, slowly)",
+        )
+
+
 def parse_run_config(argv: list[str]):
     """(RunConfig, ModelConfig, CurriculumConfig, ERLConfig) from a recipe and overrides.
 
-    Call after `activate_backend` (or `choose_backend`): this imports trl.
+    Without a CUDA GPU that has bf16, bf16 defaults to off (TRL's default turns it on and
+    transformers then refuses the machine). A bad option is a UsageError naming it. Call
+    after `activate_backend` (or `choose_backend`): this imports trl.
     """
     from pipeline.erl.config import ERLConfig
 
     run, model, curriculum, args = parse_options(
-        (RunConfig, ModelConfig, CurriculumConfig, ERLConfig),
+        _dataclasses(ERLConfig),
         with_default_recipe(argv),
-        prog="python -m pipeline.run",
+        PROG,
+        defaults={} if cuda_bf16() else {"bf16": False},
+        check=_check_precision,
     )
-    run.validate()
-    model.validate()
-    curriculum.validate()
+    with usage_errors():
+        run.validate()
+        model.validate()
+        curriculum.validate()
     if args.max_steps not in (-1, None):
-        raise ValueError(
-            "max_steps is set per stage by the curriculum: use max_stage_steps instead"
+        raise UsageError(
+            "--max_steps is set per stage by the curriculum",
+            args.max_steps,
+            "give --max_stage_steps instead",
         )
     if args.reward_weights is not None:
-        raise ValueError(
-            "reward_weights is set by the run from reward_signals (and reward_models, "
-            "preference_functions): give the weights there"
+        raise UsageError(
+            "--reward_weights is set by the run from reward_signals, reward_models and "
+            "preference_functions",
+            args.reward_weights,
+            "give the weights there",
         )
     if args.save_total_limit == 1:
         # The newest checkpoint is marked complete only after the trainer deleted the one
         # before it: with one kept, a kill in between would leave nothing to resume from.
-        raise ValueError(
-            "save_total_limit must be >= 2 (or unset) so that a stage can always resume"
+        raise UsageError(
+            "--save_total_limit must be >= 2 (or unset) so that a stage can always resume",
+            args.save_total_limit,
+            "pass --save_total_limit 2",
         )
+    check_learning_rate("learning_rate", args.learning_rate)
+    for name in ("per_device_train_batch_size", "max_completion_length"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1", getattr(args, name), "give a positive count")
     return run, model, curriculum, args

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from curriculum.state import CurriculumState
+from pipeline.options import UsageError
 
 # How to launch several processes, for the messages below.
 LAUNCH_HINT = "accelerate launch --config_file configs/accelerate/ddp.yaml -m pipeline.run ..."
@@ -29,11 +30,12 @@ def backend_for_processes(requested: str, processes: int) -> str:
     if processes <= 1:
         return requested
     if requested == "unsloth":
-        raise SystemExit(
-            f"error: {processes} processes were launched, but the unsloth backend trains on one "
-            "GPU (Unsloth's GRPO trainer is single-process). For several GPUs pass "
-            f"--backend transformers (plain transformers + PEFT under DDP): {LAUNCH_HINT} "
-            "--backend transformers. For Unsloth, run one process: python -m pipeline.run ..."
+        raise UsageError(
+            "--backend unsloth trains on one GPU (Unsloth's GRPO trainer is single-process), "
+            "and several processes were launched",
+            processes,
+            "for several GPUs pass --backend transformers (plain transformers + PEFT under "
+            f"DDP): {LAUNCH_HINT} --backend transformers; for Unsloth, run one process",
         )
     return "transformers" if requested == "auto" else requested
 
@@ -43,23 +45,22 @@ def check_parallelism(args) -> None:
     which needs the whole model there (DDP or ZeRO-1/2; not FSDP or ZeRO-3)."""
     launched = launched_processes()
     if args.world_size != launched:  # e.g. torchrun on CPU without use_cpu: N lone processes
-        raise SystemExit(
-            f"error: {launched} processes were launched but the trainer sees a world size of "
-            f"{args.world_size}; on a machine without GPUs pass --use_cpu true (gloo backend)"
+        raise UsageError(
+            f"{launched} processes were launched but the trainer sees another world size",
+            args.world_size,
+            "on a machine without GPUs pass --use_cpu true (gloo backend)",
         )
     if args.world_size <= 1:
         return
     env = os.environ
-    sharded = (
-        bool(args.fsdp)
-        or env.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-        or env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
-    )
-    if sharded:
-        raise SystemExit(
-            "error: python -m pipeline.run evaluates and saves each stage on the main process, "
-            "which needs the whole model there: use data parallelism, configs/accelerate/ddp.yaml "
-            f"({LAUNCH_HINT}) or configs/accelerate/zero2.yaml, not FSDP or DeepSpeed ZeRO-3."
+    fsdp = bool(args.fsdp) or env.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if fsdp or env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
+        raise UsageError(
+            "sharded parameters: the run evaluates and saves each stage on the main process, "
+            "which needs the whole model there",
+            "FSDP" if fsdp else "DeepSpeed ZeRO-3",
+            f"use data parallelism, configs/accelerate/ddp.yaml ({LAUNCH_HINT}) or "
+            "configs/accelerate/zero2.yaml",
         )
 
 

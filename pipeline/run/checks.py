@@ -1,0 +1,100 @@
+"""What a run checks before it writes anything, so that a refused start leaves output_dir
+as it was and the corrected command runs without --resume.
+
+    task, controller = check_run(run, model_config, curriculum_config, args, layout, config)
+
+Each refusal is a UsageError, printed in one line: `error: <what> (<value>): <what to do>`.
+The options' own values are checked when they are parsed (`pipeline.run.config`); here
+come what needs the task, the machine, the model's location or the output folder. What
+only loading can tell (a folder without weights) fails at loading, which `cli.main` also
+does before the first write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from curriculum.controller import CurriculumController
+from curriculum.tasks import Task
+from pipeline.layout import RunLayout
+from pipeline.options import (
+    UsageError,
+    check_level,
+    check_model_source,
+    check_signal_weights,
+    check_task,
+    usage_errors,
+)
+from pipeline.run.checkpoints import check_output_dir
+from pipeline.run.config import check_resume_config
+from pipeline.run.distributed import check_parallelism
+
+
+def check_run(
+    run, model, curriculum, args, layout: RunLayout, config: dict[str, Any]
+) -> tuple[Task, CurriculumController]:
+    """Every check of a start, in the order a user would fix them (what to train, with which
+    model, on this machine, where); returns the task and a fresh controller (the run loads
+    its saved state into it)."""
+    task = check_task(run.task, run.task_config)
+    controller = check_levels(curriculum, task)
+    check_signal_weights(task, run.reward_signals, "--reward_signals")
+    check_model_sources(run, model)
+    check_exports(run, model)
+    check_machine(model, args)
+    check_parallelism(args)
+    check_output_dir(layout, run.resume)
+    if run.resume:
+        check_resume_config(layout.root, config)
+    return task, controller
+
+
+def check_exports(run, model) -> None:
+    """--save_gguf needs Unsloth's GPU stack; --save_merged an adapter to merge."""
+    from pipeline.models.backend import unsloth_patches_trainers
+
+    if run.save_gguf and not unsloth_patches_trainers():
+        raise UsageError(
+            "--save_gguf needs the unsloth backend on a CUDA GPU", run.save_gguf, "leave it out"
+        )
+    if run.save_merged and not model.use_lora:
+        raise UsageError(
+            "--save_merged needs --use_lora true: a fully fine-tuned final/ is already merged",
+            run.save_merged,
+            "leave it out",
+        )
+
+
+def check_machine(model, args) -> None:
+    """Refuse settings this machine would silently drop: vLLM without the unsloth backend
+    on a GPU, 4-bit without bitsandbytes, fp16 on a CPU."""
+    from pipeline.models.loading import check_machine_supports
+
+    with usage_errors():
+        check_machine_supports(model)
+    if args.fp16 and args.device.type == "cpu":
+        # accelerate enables fp16 autocast and its grad scaler only off the CPU.
+        raise UsageError(
+            "--fp16 needs a GPU: on a CPU accelerate ignores it (no autocast, no grad scaler) "
+            "and the run would train in float32 while its config says fp16",
+            args.fp16,
+            "pass --fp16 false on a CPU (--bf16 true --use_cpu true autocasts on a CPU, slowly)",
+        )
+
+
+def check_levels(curriculum, task: Task) -> CurriculumController:
+    """--start_level and --max_level within the task's levels."""
+    for name in ("start_level", "max_level"):
+        if getattr(curriculum, name) is not None:
+            check_level(task, getattr(curriculum, name), f"--{name}")
+    with usage_errors():
+        return CurriculumController(curriculum, task.num_levels)
+
+
+def check_model_sources(run, model) -> None:
+    """The policy and every learned reward model exist: a local folder, or a hub id the Hub
+    (or its cache) has. A missing local path is named at once, without download retries."""
+    if not run.build_tiny_model:  # else the run builds the folder before loading it
+        check_model_source(model.model_name_or_path, "--model_name_or_path")
+    for name, spec in run.reward_models.items():
+        check_model_source(spec["path"], f"--reward_models {name}.path")
