@@ -183,7 +183,15 @@ def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_mod
     controller's count is the global one) and decide alike, stage 1 promotes, a SIGKILL of
     every process in stage 2 leaves a run that `--resume true` finishes without retraining
     stage 1, each file is written once (one metrics line per step), and the eval reward is
-    the one of all eval prompts on the saved stage model."""
+    the one of all eval prompts on the saved stage model.
+
+    The resume runs as on a machine with CUDA and Unsloth (`tests/multiprocess_gpu_run.py`):
+    there `backend: auto` (configs/tiny.yaml) is Unsloth for one process, and two processes
+    must resolve it to transformers once, the loader reading that choice instead of
+    resolving `auto` again (which gave "backend 'transformers' is already active ...
+    cannot be switched to 'unsloth'")."""
+    import importlib.util
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from curriculum.tasks import get_task
@@ -227,9 +235,13 @@ def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_mod
     assert controller["reward_count"] == 2 * 8 * controller["stage_steps"] > 0
     stage_one = {p: p.stat().st_mtime_ns for p in (out / "stage_1").iterdir() if p.is_file()}
 
+    assert importlib.util.find_spec("unsloth") is not None
     resumed_log = tmp_path / "resumed.log"
-    run_two(*command, "--resume", "true", log=resumed_log)
-    assert "resuming" in resumed_log.read_text()
+    as_on_gpus = ["tests/multiprocess_gpu_run.py", *command[2:]]  # the same options
+    run_two(*as_on_gpus, "--resume", "true", log=resumed_log)
+    log = resumed_log.read_text()
+    assert "resuming" in log and "2 processes (MULTI_CPU" in log, log[-4000:]
+    assert json.loads((out / "run_config.json").read_text())["backend"] == "transformers"
     state = json.loads((out / "curriculum_state.json").read_text())
     assert state["finished"] is True
     assert [(s["stage"], s["status"], s["steps"]) for s in state["stages"]] == [
@@ -261,32 +273,6 @@ def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_mod
         progress=False,
     )
     assert state["stages"][0]["eval_reward"] == pytest.approx(evaluation.mean_reward)
-
-
-def test_auto_backend_on_a_gpu_machine_with_unsloth_runs_in_two_processes(tiny_model_dir, tmp_path):
-    """With CUDA reported and Unsloth installed, `backend: auto` (configs/tiny.yaml) is
-    Unsloth for one process; two processes resolve it to transformers once, and the loader
-    reads that choice instead of resolving `auto` again (which gave "backend 'transformers'
-    is already active ... cannot be switched to 'unsloth'")."""
-    import importlib.util
-
-    assert importlib.util.find_spec("unsloth") is not None
-    out = tmp_path / "run"
-    short = ["--max_level", "1", "--min_stage_steps", "2", "--max_stage_steps", "2"]
-    run_two(
-        "tests/multiprocess_gpu_run.py",
-        *RUN_ARGS,
-        *short,
-        "--model_name_or_path",
-        tiny_model_dir,
-        "--output_dir",
-        str(out),
-        log=tmp_path / "log",
-    )
-    log = (tmp_path / "log").read_text()
-    assert "2 processes (MULTI_CPU" in log, log[-4000:]
-    assert json.loads((out / "run_config.json").read_text())["backend"] == "transformers"
-    assert json.loads((out / "curriculum_state.json").read_text())["finished"] is True
 
 
 def test_unsloth_backend_is_refused_under_several_processes():

@@ -228,7 +228,7 @@ def test_tiny_run_writes_the_output_contract(tiny_model_dir, tmp_path, capfd, ca
     assert "pass --resume true to continue the run there" in capfd.readouterr().err
 
 
-# Kill points, in the order a run passes them: (point, stage). Each process of the test
+# Kill points, in the order a run passes them: (point, stage). Each process of the chain
 # below is SIGKILLed at one of them and the next one resumes the folder.
 KILL_POINTS = [
     ("trained", 1),  # after the stage's last step
@@ -258,45 +258,83 @@ def run_process(command: list[str], kill_at: tuple[str, int] | None = None, *ext
     return done
 
 
-def test_sigkill_at_every_stage_boundary_then_resume(tiny_model_dir, tmp_path):
-    """SIGKILL a run at each boundary of a stage's end and of the next stage's start,
-    resuming after each: whenever the state says a stage is finished its folder is
-    complete, a finished stage is never retrained or rewritten, and the last resume
-    finishes the run."""
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def killed_4bit_run(tiny_model_dir, tmp_path_factory) -> dict:
+    """A 4-bit run (NF4 base, LoRA r 4: the recipes' QLoRA) killed at every boundary of
+    KILL_POINTS in turn, each kill resumed by the next process, the last resume finishing
+    it with --save_merged. Returns the folder and what each kill left: the printed output,
+    the state file, every finished stage's file times, and the trainer checkpoint a
+    mid-stage kill left."""
+    out = tmp_path_factory.mktemp("killed") / "run"
     command = [
         sys.executable,
         "-m",
         "pipeline.run",
         *run_args(tiny_model_dir, out, "--use_lora", "true", "--lora_r", "4"),
-        *["--warmup_sft_steps", "2", "--per_device_train_batch_size", "8"],
+        *[
+            "--load_in_4bit",
+            "true",
+            "--warmup_sft_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "8",
+        ],
         *["--min_stage_steps", "2", "--max_stage_steps", "2", "--save_steps", "1"],
     ]
-    finished_files: dict[int, dict[Path, int]] = {}
+    kills = []
     for i, (point, stage) in enumerate(KILL_POINTS):
         resume = ["--resume", "true"] if i else []
         verbose = ["--log_level", "info"] if point == "evaluated" else []  # safe to change
         killed = run_process(command, (point, stage), *resume, *verbose)
-        printed = killed.stdout + killed.stderr
-        assert ("'loss'" in printed) == bool(verbose), point  # the dicts only when asked
         state = json.loads((out / "curriculum_state.json").read_text())
-        finished = [s["status"] != "running" for s in state["stages"]]
-        assert finished == {1: [False], 2: [True, False]}[stage] or (
+        checkpoint = out / f"stage_{stage}" / "checkpoints" / "checkpoint-1"
+        kills.append(
+            {
+                "point": point,
+                "stage": stage,
+                "verbose": bool(verbose),
+                "printed": killed.stdout + killed.stderr,
+                "state": state,
+                "files": {
+                    s["stage"]: stage_files(out / s["checkpoint"])
+                    for s in state["stages"]
+                    if s["status"] != "running"
+                },
+                "checkpoint": sorted(p.name for p in checkpoint.iterdir())
+                if checkpoint.exists()
+                else [],
+            }
+        )
+    resumed = run_process(command, None, "--resume", "true", "--save_merged", "true")
+    return {"out": out, "kills": kills, "resumed": resumed.stdout + resumed.stderr}
+
+
+def test_sigkill_at_every_stage_boundary_then_resume(killed_4bit_run):
+    """Whenever the state says a stage is finished its folder is complete, a finished stage
+    is never retrained or rewritten, a kill mid-stage leaves a trainer checkpoint to resume
+    from, and the last resume finishes the run."""
+    out = killed_4bit_run["out"]
+    finished_files: dict[int, dict[Path, int]] = {}
+    for kill in killed_4bit_run["kills"]:
+        point = kill["point"]
+        assert ("'loss'" in kill["printed"]) == kill["verbose"], point  # the dicts only when asked
+        finished = [s["status"] != "running" for s in kill["state"]["stages"]]
+        assert finished == {1: [False], 2: [True, False]}[kill["stage"]] or (
             point == "recorded" and finished == [True]
-        ), (point, state)
-        for entry in state["stages"]:
-            if entry["status"] == "running":
-                continue
-            folder = out / entry["checkpoint"]
-            names = {p.name for p in folder.iterdir()}
+        ), (point, kill["state"])
+        for stage, files in kill["files"].items():
+            names = {p.name for p in files}
             assert {"adapter_model.safetensors", "adapter_config.json", "erl_memory.json"} <= names
             assert {"tokenizer_config.json", "metrics.jsonl", "reward_curve.png"} <= names
+            assert "base_quantization.json" in names  # evaluation rebuilds the 4-bit base
             # Never retrained nor rewritten once finished.
-            before = finished_files.setdefault(entry["stage"], stage_files(folder))
-            assert stage_files(folder) == before, point
+            assert files == finished_files.setdefault(stage, files), point
+    mid_stage = killed_4bit_run["kills"][-1]  # right after stage 2's first checkpoint
+    assert {"adapter_model.safetensors", "optimizer.pt", "base_quantization.json"} <= set(
+        mid_stage["checkpoint"]
+    )
 
-    resumed = run_process(command, None, "--resume", "true", "--save_merged", "true")
-    assert "resuming" in resumed.stderr + resumed.stdout
+    assert "resuming" in killed_4bit_run["resumed"]
     state = json.loads((out / "curriculum_state.json").read_text())
     assert state["finished"] is True
     assert [s["stage"] for s in state["stages"]] == [1, 2]
@@ -306,56 +344,27 @@ def test_sigkill_at_every_stage_boundary_then_resume(tiny_model_dir, tmp_path):
         assert not (out / f"stage_{stage}" / "checkpoints").exists()
         metrics = read_metrics(out / f"stage_{stage}" / "metrics.jsonl")
         assert [m["stage_step"] for m in metrics if "loss" in m] == [1, 2]
-    from peft import PeftConfig
-    from transformers import AutoModelForCausalLM
-
-    assert PeftConfig.from_pretrained(out / "final").r == 4
-    merged = AutoModelForCausalLM.from_pretrained(
-        out / "final_merged"
-    )  # LoRA folded into the weights
-    assert not any("lora" in name for name, _ in merged.named_parameters())
 
 
-def test_a_4bit_run_killed_mid_stage_resumes_merges_and_evaluates_on_its_base(
-    tiny_model_dir, tmp_path, capsys
+def test_a_killed_4bit_run_merges_and_evaluates_on_its_base(
+    tiny_model_dir, killed_4bit_run, capsys
 ):
-    """load_in_4bit on a CPU: the warm-up and the stages train a LoRA adapter on the NF4
-    base. SIGKILLed right after stage 1's first trainer checkpoint, the run resumes from it
-    to the end with --save_merged; then `python -m pipeline.evaluate` scores final/ on the
-    4-bit base it was trained on, and final_merged/ is that model, dequantized."""
+    """The killed and resumed 4-bit run: the warm-up and the stages trained a LoRA adapter
+    on the NF4 base; `python -m pipeline.evaluate` scores final/ on the 4-bit base it was
+    trained on, and final_merged/ (--save_merged) is that model, dequantized."""
     import bitsandbytes as bnb
-    import torch
-    from peft import PeftModel
+    from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
     from pipeline.evaluate.cli import main as evaluate
     from pipeline.evaluate.first_attempts import load_for_evaluation
     from pipeline.models.quantization import base_model_kwargs, disable_cpu_weight_packing
 
-    out = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "pipeline.run",
-        *run_args(tiny_model_dir, out, "--load_in_4bit", "true", "--lora_r", "4"),
-        *["--use_lora", "true", "--warmup_sft_steps", "2", "--per_device_train_batch_size", "8"],
-        *["--min_stage_steps", "2", "--max_stage_steps", "2", "--save_steps", "1"],
-    ]
-    run_process(command, ("checkpoint", 1))
-    checkpoint = out / "stage_1" / "checkpoints" / "checkpoint-1"
-    assert {"adapter_model.safetensors", "optimizer.pt", "base_quantization.json"} <= {
-        p.name for p in checkpoint.iterdir()
-    }
-    resumed = run_process(command, None, "--resume", "true", "--save_merged", "true")
-    assert "resuming" in resumed.stderr + resumed.stdout
-    state = json.loads((out / "curriculum_state.json").read_text())
-    assert state["finished"] is True and [s["steps"] for s in state["stages"]] == [2, 2]
-    for stage in (1, 2):
-        metrics = read_metrics(out / f"stage_{stage}" / "metrics.jsonl")
-        assert [m["stage_step"] for m in metrics if "loss" in m] == [1, 2]
+    out = killed_4bit_run["out"]
     assert json.loads((out / "run_config.json").read_text())["load_in_4bit"] is True
     for folder in ("warmup", "stage_1", "stage_2", "final"):
         assert json.loads((out / folder / "base_quantization.json").read_text())["load_in_4bit"]
+    assert PeftConfig.from_pretrained(out / "final").r == 4
 
     def count_4bit(model) -> int:
         return sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
@@ -390,6 +399,29 @@ def test_a_4bit_run_killed_mid_stage_resumes_merges_and_evaluates_on_its_base(
     argv = ["--model", str(out / "final"), "--task", "arithmetic", "--level", "1", "--n", "4"]
     assert evaluate([*argv, "--max_new_tokens", "8", "--no_progress"]) == 0
     assert re.search(r"^mean_reward: -?[\d.]+$", capsys.readouterr().out, flags=re.M)
+
+
+def test_a_float_lora_policy_merges_into_its_weights(tiny_model_dir, tmp_path):
+    """--save_merged on a float base (the chain above is 4-bit): PEFT's merge, the same
+    logits with no LoRA layer left."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.models.quantization import merge_adapter
+
+    torch.manual_seed(0)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False),
+    ).eval()
+    ids = torch.arange(3, 40).unsqueeze(0)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    model.save_pretrained(tmp_path / "adapter")
+    merged = merge_adapter(model, tmp_path / "adapter")
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_run_interrupted_in_the_warmup_resumes(tiny_model_dir, tmp_path, monkeypatch, capsys):
