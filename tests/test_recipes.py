@@ -37,3 +37,37 @@ def test_recipe_parses_and_names_a_real_task(recipe, tmp_path):
 def test_the_recipes_the_docs_promise_exist():
     names = {p.name for p in CONFIGS}
     assert {"tiny.yaml", "qwen2.5-1.5b.yaml", "frozenlake.yaml", "sokoban.yaml"} <= names
+
+
+@pytest.mark.slow
+def test_the_demo_recipe_runs_as_shipped(tmp_path):
+    """`make demo`'s command, configs/tiny.yaml unchanged but for the output folder and the
+    tiny model's folder (tests/test_run.py runs it shortened): the warm-up and every stage
+    finish, each stage folder and final/ hold a model, and a second call resumes it and
+    reports it finished."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = CONFIGS[0].parents[1]
+    out, model = tmp_path / "run", tmp_path / "tiny-model"
+    command = [sys.executable, "-m", "pipeline.run", "--config", "configs/tiny.yaml"]
+    command += ["--output_dir", str(out), "--model_name_or_path", str(model)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] is True and state["stages"], state
+    for entry in state["stages"]:
+        assert entry["status"] in ("promoted", "plateau"), entry
+        assert (out / entry["checkpoint"] / "model.safetensors").exists()
+    assert (out / "final" / "model.safetensors").exists() and (out / "reward_curve.png").exists()
+    stages = {
+        p: p.stat().st_mtime_ns for s in state["stages"] for p in (out / s["checkpoint"]).iterdir()
+    }
+    again = subprocess.run(
+        [*command, "--resume", "true"], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 0 and "done: " in again.stderr + again.stdout, again.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in stages} == stages  # nothing retrained
