@@ -23,12 +23,15 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) -m pipeline.run --config configs/tiny.yaml $(if $(wildcard runs/tiny/curriculum_state.json),--resume true)
 
-# Two workers, one core and one torch thread each (tests/conftest.py).
+# Two workers, one core and one torch thread each (tests/conftest.py); tests that share
+# an expensive module fixture name one xdist_group and run on one worker.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup
+
 test: setup
-	$(PY) -m pytest -q -n 2 -m "not slow"
+	$(PYTEST) -m "not slow"
 
 test-all: setup
-	$(PY) -m pytest -q -n 2
+	$(PYTEST)
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

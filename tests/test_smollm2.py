@@ -14,6 +14,8 @@ import torch
 from pipeline.models.smollm2 import STAMP, build_smollm2, check_chat_template
 
 CACHE = Path(__file__).resolve().parents[1] / ".cache" / "smollm2"
+# One worker converts into CACHE and runs every test here (make test's --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("smollm2")
 
 
 @pytest.fixture(scope="module")

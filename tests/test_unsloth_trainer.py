@@ -15,8 +15,6 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 # Tests of the suite for features Unsloth's GRPO loss does not have (they skip there).
 UNSLOTH_LACKS = [
