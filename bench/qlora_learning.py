@@ -80,6 +80,7 @@ def one_seed(warm: str, seed: int, steps: int, work: Path) -> dict[str, float]:
     seed is the trainer's (its sampling and shuffling); the policy, the rows and the
     held-out prompts are the same for every seed."""
     from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
 
     from curriculum.tasks import get_task
     from pipeline import ERLConfig, ERLTrainer
@@ -119,6 +120,7 @@ def one_seed(warm: str, seed: int, steps: int, work: Path) -> dict[str, float]:
         feedback_func=digit_feedback,
         processing_class=tokenizer,
     )
+    trainer.remove_callback(PrinterCallback)  # the per-seed line below says what matters
     before = sampled_reward()
     trainer.train()
     after = sampled_reward()
