@@ -124,7 +124,7 @@ def train_reward_model(pairs: Path, base: str, output: Path, *extra: str) -> str
     it overrides); returns its last line, `heldout_pair_accuracy: X`."""
     from pipeline.reward_model.cli import main
 
-    argv = ["--pairs", str(pairs), "--base", base, "--output_dir", str(output)]
+    argv = ["--pairs", str(pairs), "--model_name_or_path", base, "--output_dir", str(output)]
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         code = main([*argv, *REWARD_MODEL_OPTIONS, *extra])
@@ -234,8 +234,8 @@ def part_rl(base: str, out: Path, seeds: int, steps: int) -> None:
     ratings = out / "ratings.jsonl"
     code = collect(
         [
-            "--model", warm, "--task", "arithmetic", "--level", "1", "--prompts", "400",
-            "--samples", "8", "--max_new_tokens", "12", "--output", str(ratings), "--quiet",
+            "--model_name_or_path", warm, "--task", "arithmetic", "--level", "1", "--prompts", "400",
+            "--samples", "8", "--max_new_tokens", "12", "--output", str(ratings), "--disable_tqdm", "true",
         ]
     )  # fmt: skip
     if code != 0:

@@ -40,7 +40,7 @@ def train(pairs: Path, base: str, output: Path, *extra: str) -> list[str]:
     import io
 
     stdout = io.StringIO()
-    argv = ["--pairs", str(pairs), "--base", base, "--output_dir", str(output)]
+    argv = ["--pairs", str(pairs), "--model_name_or_path", base, "--output_dir", str(output)]
     argv += ["--max_steps", "1", "--per_device_train_batch_size", "16"]
     argv += ["--heldout_fraction", "0.2", "--disable_tqdm", "true", *extra]
     with contextlib.redirect_stdout(stdout):
@@ -155,9 +155,9 @@ def test_the_learning_bench_trains_on_ratings_of_its_own_warm_policy(tiny_model_
     ratings = tmp_path / "ratings.jsonl"
     code = collect_main(
         [
-            "--model", figures["warm_checkpoint"], "--task", "arithmetic", "--level", "1",
+            "--model_name_or_path", figures["warm_checkpoint"], "--task", "arithmetic", "--level", "1",
             "--prompts", "16", "--samples", "2", "--max_new_tokens", "8", "--output",
-            str(ratings), "--quiet",
+            str(ratings), "--disable_tqdm", "true",
         ]
     )  # fmt: skip
     assert code == 0 and ratings.read_text()

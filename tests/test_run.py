@@ -398,8 +398,11 @@ def test_a_killed_4bit_run_merges_and_evaluates_on_its_base(
     torch.testing.assert_close(logits(merged), trained, rtol=1e-4, atol=1e-5)
 
     capsys.readouterr()
-    argv = ["--model", str(out / "final"), "--task", "arithmetic", "--level", "1", "--n", "4"]
-    assert evaluate([*argv, "--max_new_tokens", "8", "--no_progress"]) == 0
+    argv = ["--model_name_or_path", str(out / "final"), "--task", "arithmetic", "--level", "1"]
+    assert (
+        evaluate([*argv, "--num_prompts", "4", "--max_new_tokens", "8", "--disable_tqdm", "true"])
+        == 0
+    )
     assert re.search(r"^mean_reward: -?[\d.]+$", capsys.readouterr().out, flags=re.M)
 
 
