@@ -3,6 +3,8 @@
     HARNESS_TRAINER=erl   (default) the test module's GRPOTrainer and GRPOConfig become
                           ERLTrainer and an ERLConfig whose reward_threshold (1e9) gates
                           every first attempt: every row reflects and retries.
+    HARNESS_TRAINER=erl_closed   the same with the gate closed (reward_threshold -1e9): no
+                          row reflects, so ERLTrainer must give GRPOTrainer's results.
     HARNESS_TRAINER=grpo  TRL's GRPOTrainer itself on the same stand-ins (the baseline).
     ERL_BACKEND=transformers|unsloth   the backend (unsloth on a CPU: with
                           ERL_UNSLOTH_CPU_TRAINER=1)
@@ -11,6 +13,10 @@ Hub ids resolve to local stand-ins (standins.py) because the working directory b
 the stand-ins' folder; the zen dataset is served from its zen.json in place of
 `datasets.load_dataset`. Nothing of TRL's test code is changed but its imports of the
 hub: the comparison is the test's own assertions, on ERLTrainer.
+
+Without a CUDA GPU, every config of every mode (the baseline's too) defaults to
+`use_cpu=True`: TRL's tests leave `bf16` at its default True, which TrainingArguments
+refuses on a CPU unless CPU training is asked for.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.models.backend import activate_backend  # before trl
 
@@ -29,6 +36,10 @@ from pipeline import ERLConfig, ERLTrainer  # noqa: E402
 
 STANDINS = Path(os.environ["HARNESS_STANDINS"])
 HARNESS = os.environ.get("HARNESS_TRAINER", "erl")
+if HARNESS not in ("erl", "erl_closed", "grpo"):
+    raise ValueError(f"HARNESS_TRAINER must be erl, erl_closed or grpo, got {HARNESS!r}")
+THRESHOLD = -1e9 if HARNESS == "erl_closed" else 1e9
+CPU = not torch.cuda.is_available()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.chdir(STANDINS)  # "trl-internal-testing/<name>" now names a local folder
@@ -36,21 +47,43 @@ ZEN = json.loads((STANDINS / "zen.json").read_text())
 
 
 class GatedConfig(ERLConfig):
-    """ERLConfig whose threshold gates every row (the tests' rewards are far below 1e9)."""
+    """ERLConfig whose threshold gates every row (the tests' rewards are far below 1e9), or,
+    with erl_closed, none (far above -1e9)."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("reward_threshold", 1e9)
+        kwargs.setdefault("reward_threshold", THRESHOLD)
+        if CPU:
+            kwargs.setdefault("use_cpu", True)
         super().__init__(*args, **kwargs)
 
 
-class GatedERLTrainer(ERLTrainer):
-    """ERLTrainer that, like GRPOTrainer, builds its default config when given none."""
+def cpu_config(base):
+    """`base` defaulting to use_cpu=True (the baseline's GRPOConfig on a CPU)."""
 
-    def __init__(self, model, reward_funcs=None, args=None, *positional, **kwargs):
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = GatedConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-GRPO")
-        super().__init__(model, reward_funcs, args, *positional, **kwargs)
+    class CPUConfig(base):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("use_cpu", True)
+            super().__init__(*args, **kwargs)
+
+    CPUConfig.__name__ = base.__name__
+    return CPUConfig
+
+
+def with_default_config(base, config):
+    """`base` building its default config (given none) as `config`, as GRPOTrainer does."""
+
+    class Trainer(base):
+        def __init__(self, model, reward_funcs=None, args=None, *positional, **kwargs):
+            if args is None:
+                name = model if isinstance(model, str) else model.config._name_or_path
+                args = config(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-GRPO")
+            super().__init__(model, reward_funcs, args, *positional, **kwargs)
+
+    Trainer.__name__ = base.__name__
+    return Trainer
+
+
+GatedERLTrainer = with_default_config(ERLTrainer, GatedConfig)
 
 
 def local_zen(path, name=None, split=None, streaming=False, **kwargs):
@@ -73,6 +106,10 @@ def _harness(request, monkeypatch):
     module = request.module
     if hasattr(module, "load_dataset"):
         monkeypatch.setattr(module, "load_dataset", local_zen)
-    if HARNESS == "erl" and hasattr(module, "GRPOTrainer"):
+    if HARNESS != "grpo" and hasattr(module, "GRPOTrainer"):
         monkeypatch.setattr(module, "GRPOTrainer", GatedERLTrainer)
         monkeypatch.setattr(module, "GRPOConfig", GatedConfig)
+    elif CPU and hasattr(module, "GRPOTrainer"):
+        config = cpu_config(module.GRPOConfig)
+        monkeypatch.setattr(module, "GRPOConfig", config)
+        monkeypatch.setattr(module, "GRPOTrainer", with_default_config(module.GRPOTrainer, config))
