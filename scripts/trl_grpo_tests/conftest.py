@@ -32,6 +32,8 @@ from pipeline.models.backend import activate_backend  # before trl
 
 activate_backend(os.environ.get("ERL_BACKEND", "transformers"))
 
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
 from pipeline import ERLConfig, ERLTrainer  # noqa: E402
 
 STANDINS = Path(os.environ["HARNESS_STANDINS"])
@@ -57,33 +59,34 @@ class GatedConfig(ERLConfig):
         super().__init__(*args, **kwargs)
 
 
-def cpu_config(base):
-    """`base` defaulting to use_cpu=True (the baseline's GRPOConfig on a CPU)."""
+class CPUConfig(GRPOConfig):
+    """GRPOConfig defaulting to use_cpu=True (the baseline's, on a CPU)."""
 
-    class CPUConfig(base):
-        def __init__(self, *args, **kwargs):
-            kwargs.setdefault("use_cpu", True)
-            super().__init__(*args, **kwargs)
-
-    CPUConfig.__name__ = base.__name__
-    return CPUConfig
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("use_cpu", True)
+        super().__init__(*args, **kwargs)
 
 
-def with_default_config(base, config):
-    """`base` building its default config (given none) as `config`, as GRPOTrainer does."""
-
-    class Trainer(base):
-        def __init__(self, model, reward_funcs=None, args=None, *positional, **kwargs):
-            if args is None:
-                name = model if isinstance(model, str) else model.config._name_or_path
-                args = config(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-GRPO")
-            super().__init__(model, reward_funcs, args, *positional, **kwargs)
-
-    Trainer.__name__ = base.__name__
-    return Trainer
+def default_args(model, config):
+    """The config GRPOTrainer builds when given none, of class `config`."""
+    name = model if isinstance(model, str) else model.config._name_or_path
+    return config(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-GRPO")
 
 
-GatedERLTrainer = with_default_config(ERLTrainer, GatedConfig)
+class CPUGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose default config is a CPUConfig."""
+
+    def __init__(self, model, reward_funcs=None, args=None, *positional, **kwargs):
+        args = default_args(model, CPUConfig) if args is None else args
+        super().__init__(model, reward_funcs, args, *positional, **kwargs)
+
+
+class GatedERLTrainer(ERLTrainer):
+    """ERLTrainer that, like GRPOTrainer, builds its default config when given none."""
+
+    def __init__(self, model, reward_funcs=None, args=None, *positional, **kwargs):
+        args = default_args(model, GatedConfig) if args is None else args
+        super().__init__(model, reward_funcs, args, *positional, **kwargs)
 
 
 def local_zen(path, name=None, split=None, streaming=False, **kwargs):
@@ -110,6 +113,5 @@ def _harness(request, monkeypatch):
         monkeypatch.setattr(module, "GRPOTrainer", GatedERLTrainer)
         monkeypatch.setattr(module, "GRPOConfig", GatedConfig)
     elif CPU and hasattr(module, "GRPOTrainer"):
-        config = cpu_config(module.GRPOConfig)
-        monkeypatch.setattr(module, "GRPOConfig", config)
-        monkeypatch.setattr(module, "GRPOTrainer", with_default_config(module.GRPOTrainer, config))
+        monkeypatch.setattr(module, "GRPOTrainer", CPUGRPOTrainer)
+        monkeypatch.setattr(module, "GRPOConfig", CPUConfig)
