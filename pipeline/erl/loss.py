@@ -101,33 +101,21 @@ def merged_chunk_loss(
         with budget.chunk(accelerator.gather):
             threshold = None
             if trainer.top_entropy_quantile < 1.0:
-                threshold, kept = _chunk_entropy_threshold(
-                    trainer, base_loss, model, parts, metrics
+                threshold, weights = _chunk_entropy_threshold(
+                    trainer, base_loss, model, parts, weights, metrics
                 )
-                # The entropy bonus is then a mean over the kept tokens: weigh it by their share.
-                weights = [replace(w, entropy=k / max(sum(kept), 1)) for w, k in zip(weights, kept)]
             before = {key: len(values) for key, values in metrics.items()}
             with _entropy_threshold(trainer, threshold):
-                done = None
-                for part, weight in zip(parts, weights):
-                    with budget.loss_forward(*_size(part, pad_id, unsloth)):
-                        loss = _weighted_loss(
-                            trainer,
-                            base_loss,
-                            model,
-                            part,
-                            weight,
-                            return_outputs,
-                            num_items_in_batch,
-                        )
-                    if part is parts[-1]:  # its backward is Trainer.training_step's
-                        break
-                    # What Trainer.training_step does with the returned loss, for the parts it never sees.
-                    with accelerator.no_sync(model):
-                        accelerator.backward(
-                            loss * returned_loss_scale(trainer, num_items_in_batch)
-                        )
-                    done = loss.detach() if done is None else done + loss.detach()
+                loss, done = _train_parts(
+                    trainer,
+                    base_loss,
+                    model,
+                    parts,
+                    weights,
+                    budget,
+                    return_outputs,
+                    num_items_in_batch,
+                )
     finally:
         accelerator.sync_gradients = sync
     collapse_metrics(
@@ -145,6 +133,29 @@ def merged_chunk_loss(
             adaptive_entropy_step(trainer)
         metrics["entropy_coef"].append(trainer.entropy_coef)  # TRL logs it at the boundary
     return loss + done
+
+
+def _train_parts(
+    trainer, base_loss, model, parts, weights, budget, return_outputs, num_items_in_batch
+):
+    """Each micro-batch's weighted loss, all but the last back-propagated here (Trainer's
+    training_step back-propagates what compute_loss returns): the last loss, and the sum
+    of the others' (detached)."""
+    accelerator, pad_id = trainer.accelerator, trainer._tokenizer.pad_token_id
+    packed = unsloth_trainer_active()
+    done = None
+    for part, weight in zip(parts, weights):
+        with budget.loss_forward(*_size(part, pad_id, packed)):
+            loss = _weighted_loss(
+                trainer, base_loss, model, part, weight, return_outputs, num_items_in_batch
+            )
+        if part is parts[-1]:
+            return loss, done
+        # What Trainer.training_step does with the returned loss, for the parts it never sees.
+        with accelerator.no_sync(model):
+            accelerator.backward(loss * returned_loss_scale(trainer, num_items_in_batch))
+        done = loss.detach() if done is None else done + loss.detach()
+    raise ValueError("a merged chunk needs at least one micro-batch")
 
 
 def _size(batch: dict, pad_id: int, packed: bool) -> tuple[int, float]:
@@ -174,10 +185,10 @@ def _weighted_loss(
         trainer.beta, trainer.entropy_coef, trainer.router_aux_loss_coef = saved
 
 
-def _chunk_entropy_threshold(trainer, base_loss, model, parts, metrics) -> tuple[float, list[int]]:
+def _chunk_entropy_threshold(trainer, base_loss, model, parts, weights, metrics):
     """The `top_entropy_quantile` threshold over every loss token of the chunk, on every
-    process, as one forward of the chunk would take it, and how many of each part's loss
-    tokens reach it.
+    process, as one forward of the chunk would take it, and the parts' weights with the
+    entropy bonus (then a mean over the kept tokens) weighed by each part's share of them.
 
     The population is read from the base's own loss: each micro-batch goes through it once
     without gradients, and `get_high_entropy_mask` (ERLTrainer's) collects the entropies
@@ -198,7 +209,9 @@ def _chunk_entropy_threshold(trainer, base_loss, model, parts, metrics) -> tuple
             del values[before.get(key, 0) :]
     local = torch.cat(population) if population else torch.zeros(0)
     threshold = entropy_quantile(trainer.accelerator, local, 1 - trainer.top_entropy_quantile)
-    return threshold, [int((values >= threshold).sum()) for values in population]
+    kept = [int((values >= threshold).sum()) for values in population]
+    weights = [replace(w, entropy=k / max(sum(kept), 1)) for w, k in zip(weights, kept)]
+    return threshold, weights
 
 
 @contextmanager
