@@ -99,7 +99,7 @@ def test_every_process_plans_from_the_pooled_samples():
     assert budget.cost.per_token == pytest.approx(1500)
 
 
-def test_generate_calls_raise_the_estimate_when_they_measure_more():
+def test_generate_calls_scale_the_estimate_by_the_largest_measured_ratio():
     budget = StepBudget(1.5, ESTIMATE, "cpu")
     budget.reference_tokens = 800
     estimate = ESTIMATE.generate_call(2, 10, 5)
@@ -113,6 +113,18 @@ def test_generate_calls_raise_the_estimate_when_they_measure_more():
     plan = budget.plan_generation([10] * 40, 5)
     scaled = ESTIMATE.scaled(budget.generate_scale)
     assert all(scaled.generate_call(len(rows), 10, 5) <= budget.generation_bytes() for rows in plan)
+
+    # Calls that hold less than estimated lower it, to the largest ratio measured so far.
+    budget = StepBudget(1.5, ESTIMATE, "cpu")
+    budget.reference_tokens = 800
+    scales = []
+    for share in (0.5, 0.7, 0.6)[:CALIBRATION_CHUNKS]:
+        with budget.generate_call(2, 10, 5):
+            held = torch.empty(int(share * estimate), dtype=torch.uint8)
+        del held
+        chunk(budget, [(800, 1000)])
+        scales.append(budget.generate_scale)
+    assert scales == pytest.approx([0.5, 0.7, 0.7][:CALIBRATION_CHUNKS], rel=1e-3)
 
 
 def test_a_gated_run_calibrates_its_budget_on_its_first_chunks(

@@ -14,8 +14,8 @@ at most that much above a GRPO step (checked by bench/erl_overhead.py):
   packed forward on a CPU holds a mask and attention over the whole packed sequence;
 - a generate call holds at most the factor times the measured bytes of GRPO's forward. A
   call's bytes are estimated by `MemoryModel` (KV cache, one layer's activations while the
-  prompt is read, each row's next-token distribution) and raised to what the calls were
-  measured to hold when that is more.
+  prompt is read, each row's next-token distribution), scaled by the largest ratio of
+  measured to estimated bytes of the calls measured.
 
 Measuring (`StepBudget`): during the first `CALIBRATION_CHUNKS` merged chunks, every loss
 forward and every reflection/retry generate call is measured (`peak_meter`: the CUDA
@@ -288,7 +288,9 @@ class StepBudget:
         # What a chunk already holds when a later micro-batch's forward starts (the
         # gradients of those before it), at most: GRPO's one forward holds none of it.
         self.held = 0.0
-        self.generate_scale = 1.0  # measured / estimated bytes of generate calls, at least 1
+        # Measured / estimated bytes of generate calls: the largest ratio measured (1 before).
+        self.generate_scale = 1.0
+        self._generate_ratio = 0.0
         self._chunks_left = CALIBRATION_CHUNKS
         self._meter: StoragePeakMeter | CudaPeakMeter | None = None  # during a chunk
         self._loss: list[tuple[float, ...]] = []  # (tokens, bytes, share, held), this chunk
@@ -350,7 +352,9 @@ class StepBudget:
         pooled = gather(loss).tolist()
         self._pooled += [tuple(sample[:3]) for sample in pooled]
         self.held = max([self.held] + [sample[3] for sample in pooled])
-        self.generate_scale = max(self.generate_scale, gather(ratio).max().item())
+        self._generate_ratio = max(self._generate_ratio, gather(ratio).max().item())
+        if self._generate_ratio > 0:  # some call was measured
+            self.generate_scale = self._generate_ratio
         if self._pooled:
             self.cost = LossCost.fit(self._pooled)
 
