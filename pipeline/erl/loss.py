@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 
 import torch
@@ -197,13 +198,13 @@ def _chunk_entropy_threshold(trainer, base_loss, model, parts, weights, metrics)
     population: list[torch.Tensor] = []
     saved_window = trainer._entropy_window_stats
     before = {key: len(values) for key, values in metrics.items()}
-    trainer._entropy_population = population
+    state = _CHUNK_ENTROPY.set(population)
     try:
         with torch.no_grad():
             for part in parts:
                 base_loss(model, part, False, None)
     finally:
-        trainer._entropy_population = None
+        _CHUNK_ENTROPY.reset(state)
         trainer._entropy_window_stats = saved_window
         for key, values in metrics.items():
             del values[before.get(key, 0) :]
@@ -217,11 +218,29 @@ def _chunk_entropy_threshold(trainer, base_loss, model, parts, weights, metrics)
 @contextmanager
 def _entropy_threshold(trainer, threshold: float | None):
     """While the chunk's micro-batches train, their entropy mask uses `threshold`."""
-    trainer._chunk_entropy_threshold = threshold
+    state = _CHUNK_ENTROPY.set(threshold)
     try:
         yield
     finally:
-        trainer._chunk_entropy_threshold = None
+        _CHUNK_ENTROPY.reset(state)
+
+
+# Inside a micro-batched chunk with top_entropy_quantile < 1: the list its first pass
+# collects the base's entropy population in, then the chunk's threshold; else None.
+_CHUNK_ENTROPY: ContextVar[list[torch.Tensor] | float | None] = ContextVar(
+    "chunk_entropy", default=None
+)
+
+
+def chunk_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+    """What `get_high_entropy_mask` answers inside a micro-batched chunk (None outside)."""
+    state = _CHUNK_ENTROPY.get()
+    if state is None:
+        return None
+    if isinstance(state, list):  # the first pass: collect (its loss is thrown away)
+        state.append(entropies[mask.bool()].detach().float())
+        return mask.bool()
+    return high_entropy_mask(entropies, mask, state)
 
 
 # Copies of upstream behaviour ----------------------------------------------------------

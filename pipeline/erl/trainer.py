@@ -45,7 +45,7 @@ from pipeline.erl.batch import (  # noqa: E402
 )
 from pipeline.erl.budget import MemoryModel, StepBudget  # noqa: E402
 from pipeline.erl.config import ERLConfig  # noqa: E402
-from pipeline.erl.loss import high_entropy_mask, merged_chunk_loss  # noqa: E402
+from pipeline.erl.loss import chunk_entropy_mask, merged_chunk_loss  # noqa: E402
 from pipeline.erl.memory import ReflectionMemory  # noqa: E402
 from pipeline.erl.micro_batches import reference_tokens, split_plan  # noqa: E402
 from pipeline.erl.step import (  # noqa: E402
@@ -135,8 +135,6 @@ class ERLTrainer(GRPOTrainer):
         self._backend = _Backend(self)
         self._generate_calls = 0  # reflection and retry generate calls since the last log
         self._captured: list[FirstAttempts] | None = None  # open during the base's generation
-        self._entropy_population: list[torch.Tensor] | None = None  # see pipeline.erl.loss
-        self._chunk_entropy_threshold: float | None = None
         # Bounded: only a consumer such as the curriculum callback empties it.
         self._first_attempt_log: deque[tuple[float, dict]] = deque(
             maxlen=64 * args.generation_batch_size
@@ -231,12 +229,8 @@ class ERLTrainer(GRPOTrainer):
     def get_high_entropy_mask(self, entropies, mask, threshold):
         """GRPO's mask of high-entropy loss tokens. In a micro-batched chunk the quantile is
         the chunk's (`pipeline.erl.loss`): its first pass collects the population here."""
-        if self._entropy_population is not None:
-            self._entropy_population.append(entropies[mask.bool()].detach().float())
-            return mask.bool()
-        if self._chunk_entropy_threshold is not None:
-            return high_entropy_mask(entropies, mask, self._chunk_entropy_threshold)
-        return super().get_high_entropy_mask(entropies, mask, threshold)
+        chunk = chunk_entropy_mask(entropies, mask)
+        return super().get_high_entropy_mask(entropies, mask, threshold) if chunk is None else chunk
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model as GRPOTrainer does, plus the reflection memory beside it."""
