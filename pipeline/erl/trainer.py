@@ -154,7 +154,7 @@ class ERLTrainer(GRPOTrainer):
         )
         if self._captured is not None:  # GRPO scoring its first attempts: hand them to ERL
             r1 = self._weighted_reward(self._local(rewards_per_func))
-            ids = [list(c) for c in completion_ids_list]
+            ids = list(completion_ids_list)  # as the reward functions got them
             self._captured.append(FirstAttempts(inputs, prompts, completions, ids, r1))
         return rewards_per_func
 
