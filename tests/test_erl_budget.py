@@ -73,6 +73,15 @@ def test_measured_forwards_set_the_plan_then_measuring_stops():
     assert budget.cost == fitted
 
 
+def test_gradients_larger_than_grpos_forward_set_the_reference():
+    """GRPO's step holds at least the gradients its backward leaves: when they outweigh its
+    forward, a micro-batch may add the factor's excess over them."""
+    budget = StepBudget(1.5, ESTIMATE, "cpu")
+    budget.reference_tokens = 100
+    chunk(budget, [(100, 1000), (50, 1000)], held=400_000)  # forward 100 KB, gradients 400 KB
+    assert budget.loss_tokens() == 200  # (1.5 - 1) x 400 KB at 1000 bytes a token
+
+
 def test_a_forward_that_grows_faster_than_its_tokens_gets_fewer_tokens():
     budget = StepBudget(1.5, ESTIMATE, "cpu")
     budget.reference_tokens = 500

@@ -306,7 +306,10 @@ class StepBudget:
         """The most tokens a loss forward of a merged chunk may hold."""
         if self.cost is None:  # nothing measured yet: no more than GRPO's own forward
             return max(1, int(min(1.0, self.factor) * self.reference_tokens))
-        limit = self.factor * self.cost.bytes(self.reference_tokens) - self.held
+        # GRPO's step holds at least its forward, and at least the gradients its backward
+        # leaves; a later micro-batch's forward starts on those gradients.
+        reference = max(self.cost.bytes(self.reference_tokens), self.held)
+        limit = self.factor * reference - self.held
         return max(1, int(min(self.cost.tokens_within(max(limit, 0.0)), 2**62)))
 
     def generation_bytes(self) -> float:
