@@ -7,8 +7,10 @@ and about 4x the rows to the loss. `ERLConfig.peak_memory_factor` (default 1.5) 
 one of those calls at that multiple of GRPO's loss forward, so that an all-gated step peaks
 at most that much above a GRPO step (checked by bench/erl_overhead.py):
 
-- a loss micro-batch holds at most the tokens whose measured cost (`LossCost`) is the
-  factor times that of GRPO's forward. Tokens are what the backend's forward holds: rows x
+- a loss micro-batch holds at most the tokens whose measured cost (`LossCost`), on top of
+  what the chunk already holds when it starts (the gradients of the micro-batches before
+  it), is the factor times that of GRPO's forward (or of the gradients, when those are
+  more). Tokens are what the backend's forward holds: rows x
   padded width on TRL's trainer; on Unsloth's, which packs a forward's rows into one
   sequence, the rows' own tokens. The cost need not be proportional to them: Unsloth's
   packed forward on a CPU holds a mask and attention over the whole packed sequence;
