@@ -2,6 +2,7 @@
 
     python bench/erl_overhead.py [--steps 12] [--warmup 3] [--memory_steps 4]
                                  [--backend transformers|unsloth] [--load_in_4bit]
+                                 [--peak_memory_factor 1.5]
 
 Trains GRPOTrainer, ERLTrainer with the gate closed (threshold below every reward) and
 ERLTrainer with every row gated, on the offline tiny model with the same data and seed, in
@@ -23,8 +24,11 @@ interleaved rounds, and prints one `name: value` line per figure (medians over a
     peak_memory_ratio        peak memory of a training step above what is live at its
                              start (weights, gradients, optimizer state), ERL (all gated) /
                              GRPO, largest step of separate --memory_steps runs (CUDA: the
-                             allocator's peak; CPU: tensor storages counted through a
-                             TorchDispatchMode, bench/step_memory.py) (target <= 1.5)
+                             allocator's peak, after ERL's calibration steps, which reset
+                             it; CPU: tensor storages counted through a TorchDispatchMode,
+                             pipeline/erl/budget.py) (target <= 1.5)
+    loss_tokens_per_forward  the all-gated run's planned tokens per loss forward after its
+                             budget's calibration, and those of GRPO's own forward
 
 `--backend unsloth` measures on Unsloth's generated GRPOTrainer (on a CPU through the
 `ERL_UNSLOTH_CPU_TRAINER=1` opt-in, which this flag sets); GRPO is then that trainer too.
@@ -61,12 +65,12 @@ activate_backend(BACKEND)
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from step_memory import step_memory  # noqa: E402  (bench/, the script's own folder)
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig, ERLTrainer, build_tiny_model  # noqa: E402
 from pipeline.erl.batch import INERT_KEY  # noqa: E402
+from pipeline.erl.budget import CALIBRATION_CHUNKS, peak_meter  # noqa: E402
 from pipeline.models.loading import ModelConfig, add_mode_switches, load_policy  # noqa: E402
 from pipeline.models.quantization import undo_qlora_bf16_cast  # noqa: E402
 
@@ -84,14 +88,12 @@ class Timed:
     """Mixin: accumulates wall time spent in the phases the figures are made of, and the
     tokens and generate calls of every step."""
 
-    def __init__(self, *args, memory=None, **kwargs):
+    def __init__(self, *args, meter=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.phase_seconds = defaultdict(float)
         self.step_seconds: list[float] = []
         self.counts = defaultdict(int)  # generated, processed, generate_calls
-        self.step_meter = (
-            memory  # a bench/step_memory.py meter, or None (not `memory`: ERL has one)
-        )
+        self.step_meter = meter  # a pipeline.erl.budget peak meter, or None
 
     def _timed(self, phase, fn, *args, **kwargs):
         start = time.perf_counter()
@@ -144,7 +146,7 @@ class TimedERL(Timed, ERLTrainer):
     pass
 
 
-def build(trainer_cls, args, model_dir, dataset, memory=None, **extra):
+def build(trainer_cls, args, model_dir, dataset, meter=None, **extra):
     from transformers import AutoModelForCausalLM
 
     if LOAD_IN_4BIT:  # the recipes' QLoRA: NF4 base, LoRA adapter
@@ -165,7 +167,7 @@ def build(trainer_cls, args, model_dir, dataset, memory=None, **extra):
         args=args,
         train_dataset=dataset,
         reward_funcs=length_reward,
-        memory=memory,
+        meter=meter,
         **extra,
     )
     undo_qlora_bf16_cast(trainer.model)  # GRPO's adapter too: both train float32 (a no-op else)
@@ -173,8 +175,8 @@ def build(trainer_cls, args, model_dir, dataset, memory=None, **extra):
 
 
 def timed_run(trainer_cls, args, model_dir, dataset, warmup, **extra):
-    """Step times after `warmup`, phase seconds scaled to those steps, their sum, and the
-    token and generate-call counts per step (over all steps)."""
+    """Step times after `warmup`, phase seconds scaled to those steps, their sum, the
+    token and generate-call counts per step (over all steps), and the trainer."""
     trainer = build(trainer_cls, args, model_dir, dataset, **extra)
     trainer.train()
     steps = trainer.step_seconds[warmup:]
@@ -182,16 +184,18 @@ def timed_run(trainer_cls, args, model_dir, dataset, warmup, **extra):
         k: v * len(steps) / len(trainer.step_seconds) for k, v in trainer.phase_seconds.items()
     }
     per_step = {k: v / len(trainer.step_seconds) for k, v in trainer.counts.items()}
-    return steps, phases, sum(steps), per_step
+    return steps, phases, sum(steps), per_step, trainer
 
 
 def peak_step_memory(trainer_cls, args, model_dir, dataset, **extra) -> int:
-    """The largest step's peak bytes above what was live at its start."""
-    memory = step_memory()
-    trainer = build(trainer_cls, args, model_dir, dataset, memory=memory, **extra)
-    with memory:
+    """The largest step's peak bytes above what was live at its start (on CUDA, of the
+    steps after ERL's calibration, which resets the allocator's peak)."""
+    meter = peak_meter()
+    trainer = build(trainer_cls, args, model_dir, dataset, meter=meter, **extra)
+    with meter:
         trainer.train()
-    return max(memory.steps)
+    skip = CALIBRATION_CHUNKS if torch.cuda.is_available() else 0
+    return max(meter.steps[skip:])
 
 
 def main() -> None:
@@ -209,7 +213,10 @@ def main() -> None:
     )
     parser.add_argument("--max_completion_length", type=int, default=24)
     parser.add_argument(
-        "--memory_budget", type=float, default=1.5, help="ERLConfig.memory_budget of both ERL runs"
+        "--peak_memory_factor",
+        type=float,
+        default=1.5,
+        help="ERLConfig.peak_memory_factor of both ERL runs",
     )
     parser.add_argument(
         "--backend",
@@ -260,14 +267,22 @@ def main() -> None:
         "erl_gate_closed": (
             TimedERL,
             lambda i, n: config(
-                ERLConfig, f"closed{i}", n, reward_threshold=-1.0, memory_budget=opts.memory_budget
+                ERLConfig,
+                f"closed{i}",
+                n,
+                reward_threshold=-1.0,
+                peak_memory_factor=opts.peak_memory_factor,
             ),
             {"feedback_func": feedback},
         ),
         "erl_all_gated": (
             TimedERL,
             lambda i, n: config(
-                ERLConfig, f"gated{i}", n, reward_threshold=2.0, memory_budget=opts.memory_budget
+                ERLConfig,
+                f"gated{i}",
+                n,
+                reward_threshold=2.0,
+                peak_memory_factor=opts.peak_memory_factor,
             ),
             {"feedback_func": feedback},
         ),
@@ -275,9 +290,10 @@ def main() -> None:
     # Interleaved rounds, so that drift in the machine's load affects every variant alike.
     steps, phases, totals = defaultdict(list), defaultdict(float), defaultdict(float)
     counts = defaultdict(list)  # (name, count) -> per-step values, one per round
+    planned = {}  # the all-gated run's budget after calibration, and its reference
     for round_index in range(opts.rounds):
         for name, (cls, make_args, extra) in configs.items():
-            step_times, round_phases, total, per_step = timed_run(
+            step_times, round_phases, total, per_step, trainer = timed_run(
                 cls,
                 make_args(round_index, opts.warmup + opts.steps),
                 model_dir,
@@ -287,6 +303,11 @@ def main() -> None:
             )
             steps[name] += step_times
             totals[name] += total
+            if name == "erl_all_gated":
+                planned = {
+                    "erl_all_gated": trainer.budget.loss_tokens(),
+                    "grpo": trainer.budget.reference_tokens,
+                }
             for key, value in per_step.items():
                 counts[name, key].append(value)
             for key, value in round_phases.items():
@@ -330,6 +351,8 @@ def main() -> None:
     for name in ("grpo", "erl_all_gated"):
         print(f"generate_calls_per_step[{name}]: {count[name, 'generate_calls']:.2f}")
     print(f"erl_overhead_share: {outside / total:.3f}")
+    for name in ("grpo", "erl_all_gated"):
+        print(f"loss_tokens_per_forward[{name}]: {planned[name]}")
     print(f"peak_memory_ratio: {memory['erl_all_gated'] / max(memory['grpo'], 1):.3f}")
 
 

@@ -29,9 +29,9 @@ from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
-import pipeline.erl.trainer as erl_trainer  # noqa: E402
 from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig, ERLTrainer  # noqa: E402
+from pipeline.erl.step import retry_advantages  # noqa: E402
 from pipeline.evaluate.first_attempts import (  # noqa: E402
     evaluate_first_attempts,
     generate_completions,
@@ -341,17 +341,14 @@ def counting_sdpo():
 RETRY_LOG: list[dict] = []
 
 
-def _recording_retry_advantages(groups, r1, r2, valid, scale, **kwargs):
-    """Wraps the trainer's retry advantages to record which rows they reward (diagnostics)."""
-    advantages = _ORIGINAL_RETRY_ADVANTAGES(groups, r1, r2, valid, scale, **kwargs)
+def recording_retry_advantages(groups, r1, r2, valid, scale, mode):
+    """ERL's retry advantages, recording which rows they reward (diagnostics): the
+    trainer's `retry_advantages` hook."""
+    advantages = retry_advantages(groups, r1, r2, valid, scale, mode)
     RETRY_LOG.append(
         {"r1": r1.tolist(), "r2": r2.tolist(), "valid": list(valid), "adv": list(advantages)}
     )
     return advantages
-
-
-_ORIGINAL_RETRY_ADVANTAGES = erl_trainer._retry_advantages
-erl_trainer._retry_advantages = _recording_retry_advantages
 
 
 class Recorder(TrainerCallback):
@@ -462,6 +459,7 @@ def train_one(
             train_dataset=Dataset.from_list(rows),
             reward_funcs=reward_funcs,
             feedback_func=feedback_func,
+            retry_advantages=recording_retry_advantages,
             processing_class=tokenizer,
         )
     recorder = Recorder(

@@ -16,13 +16,8 @@ import torch
 from conftest import alternating_reward, first_generation_batch, length_reward
 
 from pipeline import ERLConfig, ERLTrainer
-from pipeline.erl.batch import (
-    INERT_KEY,
-    TOKEN_BUDGET_KEY,
-    NewRows,
-    completion_layout,
-    merge_rows,
-)
+from pipeline.erl.batch import INERT_KEY, NewRows, completion_layout
+from pipeline.erl.micro_batches import forward_tokens
 from pipeline.models.backend import unsloth_trainer_active
 from pipeline.models.tiny import PAD_TOKEN, SPECIAL_TOKENS
 
@@ -125,8 +120,8 @@ def test_erl_config_holds_exactly_what_the_base_config_makes(options):
     erl_only = {"reward_threshold", "memory_size", "memory_top_k", "reflection_system_prompt"}
     erl_only |= {"retry_system_prompt", "internalization_coef", "enable_memory"}
     erl_only |= {"enable_internalization", "reflection_max_completion_length", "retry_advantage"}
-    erl_only |= {"loss_normalization", "memory_scope", "train_retries", "memory_budget"}
-    erl_only |= {"enable_reflection"}
+    erl_only |= {"loss_normalization", "memory_scope", "train_retries", "peak_memory_factor"}
+    erl_only |= {"enable_reflection", "memory_budget"}
     ours = {k: v for k, v in erl.to_dict().items() if k not in erl_only}
     assert ours == base.to_dict() and set(erl.to_dict()) - set(base.to_dict()) == erl_only
     assert erl.reward_threshold == 0.5 and erl.memory_size == 50
@@ -187,7 +182,8 @@ def test_inert_rows_leave_every_loss_type_unchanged(
     prompt = out["prompt_ids"][0][out["prompt_mask"][0].bool()].tolist()
     completion = out["completion_ids"][0][out["completion_mask"][0].bool()].tolist()
     rows = NewRows([prompt] * 8, [completion] * 8, [0.5] * 8, [False] * 8, [True] * 8)
-    merged = merge_rows(trainer, out, rows, tokens_per_forward=10**6)  # one forward
+    merged = trainer._merge_rows(out, rows)
+    trainer.budget.loss_tokens = lambda: 10**6  # one forward
     assert merged[INERT_KEY].tolist() == [False] * n + [True] * 8
     assert (merged["completion_ids"][n:] == trainer._tokenizer.pad_token_id).all()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() in a real run
@@ -206,19 +202,19 @@ def test_inert_rows_leave_every_loss_type_unchanged(
 
 
 def micro_batch_harness(trainer, merged, monkeypatch):
-    """`step(tokens)`: one training_step on the merged chunk with `tokens` padded tokens per
-    forward; returns the loss, the gradients, the metrics the step logged (new values per
-    key) and, per backward, the rows and padded tokens the base's loss got since the last
-    one (those whose activations are alive at once)."""
+    """`step(tokens)`: one training_step on the merged chunk with `tokens` tokens per forward
+    (the budget's count: padded on TRL's trainer, the rows' own on Unsloth's, which packs);
+    returns the loss, the gradients, the metrics the step logged (new values per key) and,
+    per backward, the rows and tokens the base's loss got since the last one (those whose
+    activations are alive at once)."""
     model = trainer.model
     pending, seen = [0, 0], []
     base = type(trainer).__mro__[1]
     base_loss, backward = base.compute_loss, trainer.accelerator.backward
 
     def counting_loss(self, model, inputs, *args, **kwargs):
-        rows, width = inputs["prompt_ids"].size(0), inputs["prompt_ids"].size(1)
-        pending[0] += rows
-        pending[1] += rows * (width + inputs["completion_ids"].size(1))
+        pending[0] += inputs["prompt_ids"].size(0)
+        pending[1] += forward_tokens(inputs, self._tokenizer.pad_token_id, packed=UNSLOTH)
         return base_loss(self, model, inputs, *args, **kwargs)
 
     def counting_backward(loss, **kwargs):
@@ -230,7 +226,7 @@ def micro_batch_harness(trainer, merged, monkeypatch):
     monkeypatch.setattr(trainer.accelerator, "backward", counting_backward)
 
     def step(tokens, sync=True, accumulate=False):
-        merged[TOKEN_BUDGET_KEY] = torch.tensor(tokens)
+        trainer.budget.loss_tokens = lambda: tokens
         trainer._buffered_inputs, trainer._step = [merged], 1
         trainer.current_gradient_accumulation_steps = 2
         trainer.accelerator.sync_gradients = sync  # False: inside an accumulation window
@@ -294,12 +290,8 @@ def test_micro_batched_loss_counts_every_term_once(
         tiny_model_dir, arithmetic_dataset, make_args, beta=beta, entropy_coef=entropy_coef
     )
     step = micro_batch_harness(trainer, merged, monkeypatch)
-    # The budget: memory_budget x the padded tokens of one forward of GRPO's own batch.
-    grpo_width = merged["prompt_mask"][: len(first)].sum(dim=1).max() + merged["completion_ids"][
-        : len(first)
-    ].size(1)
-    budget = int(merged[TOKEN_BUDGET_KEY])
-    assert budget == int(trainer.args.memory_budget * 4 * int(grpo_width))
+    # Nothing measured yet: a micro-batch holds at most one forward of GRPO's own 4 rows.
+    assert 0 < trainer.budget.loss_tokens() == trainer.budget.reference_tokens
     merged_width = merged["prompt_ids"].size(1) + merged["completion_ids"].size(1)
     budget = 4 * merged_width // 3  # tighter, so that every loss type needs several forwards
     for loss_type in ALL_LOSS_TYPES:
@@ -380,18 +372,16 @@ def test_adaptive_entropy_steps_once_per_optimizer_step_with_accumulation(
     assert max(errors.values()) < 1e-3, errors
 
 
-@pytest.mark.parametrize("memory_budget", [1.5, 0.01], ids=["default", "tiny"])
+@pytest.mark.parametrize("factor", [1.5, 0.01], ids=["default", "tiny"])
 def test_reflections_and_retries_generate_within_the_memory_budget(
-    tiny_model_dir, arithmetic_dataset, make_args, memory_budget
+    tiny_model_dir, arithmetic_dataset, make_args, factor
 ):
     """Reflection and retry prompts are several times longer than the task's. Each of their
-    generate calls holds at most the memory budget (its estimated bytes against memory_budget
-    x GRPO's loss forward), as many rows as fit: with the default budget a couple of calls
-    for 2 x 8 rows (the old token rule made one call per row here), with a tiny one a row
-    per call; erl/generate_calls logs how many."""
-    args = make_args(
-        reward_threshold=2.0, per_device_train_batch_size=8, memory_budget=memory_budget
-    )
+    generate calls holds at most the memory budget (its estimated bytes against
+    peak_memory_factor x GRPO's loss forward), as many rows as fit: with the default factor
+    a couple of calls for 2 x 8 rows (the old token rule made one call per row here), with a
+    tiny one a row per call; erl/generate_calls logs how many."""
+    args = make_args(reward_threshold=2.0, per_device_train_batch_size=8, peak_memory_factor=factor)
     trainer = make_trainer(tiny_model_dir, args, arithmetic_dataset)
     calls, generate = [], trainer._generate_single_turn
 
@@ -405,12 +395,13 @@ def test_reflections_and_retries_generate_within_the_memory_budget(
     (grpo_rows, grpo_prompt, _), *erl = calls
     assert grpo_rows == 8 and sum(rows for rows, _, _ in erl) == 2 * 8  # every row, twice
     assert max(prompt for _, prompt, _ in erl) > 3 * grpo_prompt  # reflections are long
-    memory = trainer._memory_model
-    budget = memory.loss_forward(int(merged[TOKEN_BUDGET_KEY]))
-    over = [c for c in erl if memory.generate_call(*c) > budget and c[0] > 1]
+    # The first batch: nothing measured yet, the estimate of GRPO's forward is the reference.
+    estimate = trainer.budget.estimate
+    budget = factor * estimate.loss_forward(trainer.budget.reference_tokens)
+    over = [c for c in erl if estimate.generate_call(*c) > budget and c[0] > 1]
     assert not over, (budget, erl)
     assert trainer._metrics["train"]["erl/generate_calls"] == [len(erl)]
-    if memory_budget == 1.5:
+    if factor == 1.5:
         assert len(erl) <= 4, erl
     else:
         assert all(rows == 1 for rows, _, _ in erl)

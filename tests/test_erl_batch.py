@@ -7,14 +7,8 @@ import torch
 from conftest import length_reward
 
 from pipeline import ERLTrainer
-from pipeline.erl.batch import (
-    INERT_KEY,
-    TOKEN_BUDGET_KEY,
-    NewRows,
-    cat_padded,
-    completion_layout,
-    importance_sampling_ratio,
-)
+from pipeline.erl.batch import INERT_KEY, NewRows, cat_padded, completion_layout
+from pipeline.erl.loss import importance_sampling_ratio
 
 
 def test_cat_padded_keeps_pad_to_multiple_of_when_new_rows_are_wider():
@@ -56,8 +50,6 @@ def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
     """Optional per-token tensors get rows exactly when GRPO's batch has them; the row
     count becomes a multiple of steps_per_generation with inert pad-only rows; reported
     sampling log-probs are kept and give the importance ratio TRL would compute."""
-    from pipeline.erl.batch import merge_rows
-
     args = erl_args(steps_per_generation=4, beta=0.1)
     trainer = ERLTrainer(
         model=tiny_model_dir,
@@ -87,9 +79,9 @@ def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
         [True, True],
         [reported, None],
     )
-    merged = merge_rows(trainer, output, rows, tokens_per_forward=96)
+    merged = trainer._merge_rows(output, rows)
     pad_id = trainer._tokenizer.pad_token_id
-    assert int(merged[TOKEN_BUDGET_KEY]) == 96  # what compute_loss keeps every forward within
+    assert set(merged) == {*output, INERT_KEY}  # the token budget stays on the trainer
     assert merged["prompt_ids"].size(0) == 12  # 8 + 2 real + 2 filler, a multiple of 4
     assert merged["completion_ids"].shape == (12, 5)
     assert merged[INERT_KEY].tolist() == [False] * 10 + [True] * 2

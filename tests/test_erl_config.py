@@ -34,6 +34,7 @@ def test_seed_defaults():
         ({"internalization_coef": float("nan")}, "internalization_coef"),
         ({"reward_threshold": float("inf")}, "reward_threshold"),
         ({"reflection_max_completion_length": 0}, "reflection_max_completion_length"),
+        ({"peak_memory_factor": 0.0}, "peak_memory_factor must be a finite number > 0, got 0.0"),
         (
             {"reflection_system_prompt": "{prompt} scored {reward:d}"},
             "reflection_system_prompt cannot be formatted",
@@ -64,3 +65,14 @@ def test_literal_braces_are_allowed():
         config.retry_system_prompt.format(prompt="p", reflection="r")
         == 'p -- JSON like {"a": 1} -- r'
     )
+
+
+def test_the_old_name_of_the_peak_memory_factor_still_works_with_a_warning():
+    """`memory_budget` was the peak-memory factor's name; the reflection memory keeps the
+    `memory_*` options."""
+    assert make().peak_memory_factor == 1.5
+    with pytest.warns(FutureWarning, match="memory_budget is deprecated: use peak_memory_factor"):
+        config = make(memory_budget=1.2)
+    assert config.peak_memory_factor == 1.2 and config.memory_budget is None
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="peak_memory_factor"):
+        make(memory_budget=-1.0)

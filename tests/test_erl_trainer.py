@@ -11,7 +11,7 @@ from peft import LoraConfig
 from transformers import TrainerCallback
 
 from pipeline import ERLConfig, ERLTrainer
-from pipeline.erl.trainer import _retry_advantages
+from pipeline.erl.step import reaches_threshold, retry_advantages
 from rewards import completion_text
 
 
@@ -211,13 +211,13 @@ def test_merged_batch_trains_under_grpo_variants(
 def test_retry_advantages_group_normalised_or_r2_minus_r1():
     r1 = torch.tensor([0.0, 0.2, 0.1, 0.3])
     r2 = torch.tensor([1.0, 0.0, 0.5, 0.9])
-    adv = _retry_advantages(
+    adv = retry_advantages(
         ["a", "a", "b", "pad"], r1, r2, valid=[True, True, True, False], scale=False
     )
     assert adv[0] == pytest.approx(0.5) and adv[1] == pytest.approx(-0.5)
     assert adv[2] == pytest.approx(0.5 - 0.1)  # alone in its group: r2 - r1
     assert adv[3] == 0.0  # filler rows carry no signal
-    scaled = _retry_advantages(["a", "a"], r1[:2], r2[:2], valid=[True, True], scale=True)
+    scaled = retry_advantages(["a", "a"], r1[:2], r2[:2], valid=[True, True], scale=True)
     assert scaled[0] == pytest.approx(0.5 / (torch.tensor([1.0, 0.0]).std().item() + 1e-4))
 
 
@@ -355,8 +355,6 @@ def test_a_solved_row_is_not_gated_by_float_rounding(tiny_model_dir, arithmetic_
     _, out = first_generation_batch(trainer)
     assert trainer._metrics["train"]["erl/gated_fraction"] == [0.0]
     assert out["prompt_ids"].size(0) == 8  # GRPO's rows only
-
-    from pipeline.erl.config import reaches_threshold
 
     assert reaches_threshold(scores[0].item(), 1.0) and not reaches_threshold(0.9999, 1.0)
     assert reaches_threshold(-2.0, -2.0) and not reaches_threshold(float("nan"), 0.0)

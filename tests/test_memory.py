@@ -76,8 +76,8 @@ def test_trainer_memory_text_follows_memory_scope(tiny_model_dir, arithmetic_dat
         trainer.memory.add("What is 3 + 4?", "Count on from 3.", step=1)
         trainer.memory.add("What is 3 + 5?", "The answer is 8.", step=2)
         texts[scope] = (
-            trainer._memory_text("What is 3 + 4?"),
-            trainer._memory_text("What is 6 + 1?"),
+            trainer.erl_step.memory_for("What is 3 + 4?"),
+            trainer.erl_step.memory_for("What is 6 + 1?"),
         )
     assert texts["similar"][0] == "- Count on from 3.\n- The answer is 8."
     assert texts["same_prompt"] == ("- Count on from 3.", "(none yet)")
@@ -159,7 +159,7 @@ def test_global_rulebook_is_checkpointed_and_restored_on_resume(
         reward_funcs=reward,
     )
     trainer.train()
-    rulebook = trainer._memory_text("any prompt")
+    rulebook = trainer.erl_step.memory_for("any prompt")
     assert len(trainer.memory) == 1 and rulebook.startswith("- ")
     saved = json.loads((tmp_path / "out" / "checkpoint-1" / MEMORY_FILE).read_text())
     assert "- " + saved["entries"][-1]["reflection"] == rulebook
@@ -171,10 +171,10 @@ def test_global_rulebook_is_checkpointed_and_restored_on_resume(
         train_dataset=arithmetic_dataset,
         reward_funcs=reward,
     )
-    assert resumed._memory_text("any prompt") == "(none yet)"
+    assert resumed.erl_step.memory_for("any prompt") == "(none yet)"
     shown = []  # what step 2's reflection prompts were given as {memory}
-    own = resumed._memory_text
-    resumed._memory_text = lambda text: shown.append(own(text)) or shown[-1]
+    own = resumed.erl_step.memory_for
+    resumed.erl_step.memory_for = lambda text: shown.append(own(text)) or shown[-1]
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
     assert shown and set(shown) == {rulebook}  # every prompt of step 2: the restored rulebook
     assert resumed.memory.state_dict()["added"] == 16

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline import ERLConfig
-from pipeline.erl.trainer import _retry_advantages
+from pipeline.erl.step import retry_advantages
 
 
 def test_improvement_credits_retries_that_all_succeed():
@@ -14,13 +14,11 @@ def test_improvement_credits_retries_that_all_succeed():
     spread to normalise), 'improvement' gives each its gain over the first attempt."""
     r1, r2 = torch.tensor([0.0, -0.5, 0.0]), torch.tensor([1.0, 1.0, 0.0])
     groups, valid = ["a", "a", "b"], [True, True, True]
-    assert _retry_advantages(groups, r1, r2, valid, scale=True) == [0.0, 0.0, 0.0]
-    improvement = _retry_advantages(groups, r1, r2, valid, scale=True, mode="improvement")
+    assert retry_advantages(groups, r1, r2, valid, scale=True) == [0.0, 0.0, 0.0]
+    improvement = retry_advantages(groups, r1, r2, valid, scale=True, mode="improvement")
     assert improvement == pytest.approx([1.0, 1.5, 0.0])
     # Filler rows still carry nothing.
-    assert _retry_advantages(["a"], r1[:1], r2[:1], [False], scale=True, mode="improvement") == [
-        0.0
-    ]
+    assert retry_advantages(["a"], r1[:1], r2[:1], [False], scale=True, mode="improvement") == [0.0]
 
 
 def test_retry_advantage_is_validated():

@@ -1,20 +1,17 @@
-"""bench/step_memory.py: the per-step peak memory the overhead benchmark compares."""
+"""The storage-counting peak meter (pipeline.erl.budget): what ERL's memory budget measures
+on a CPU, and what bench/erl_overhead.py compares per step."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from step_memory import TensorStepMemory  # noqa: E402
+from pipeline.erl.budget import StoragePeakMeter
 
 MB = 1000 * 1000 * 4  # bytes of a 1000 x 1000 float32 tensor
 
 
 def test_counts_each_storage_once_until_freed_and_only_above_the_step_start():
-    meter = TensorStepMemory()
+    meter = StoragePeakMeter()
     with meter:
         kept = torch.ones(1000, 1000)  # live before the step: not part of its peak
         meter.begin_step()
@@ -33,7 +30,7 @@ def test_counts_each_storage_once_until_freed_and_only_above_the_step_start():
 
 def test_counts_activations_and_gradients_of_a_backward():
     layer = torch.nn.Linear(1000, 1000, bias=False)
-    meter = TensorStepMemory()
+    meter = StoragePeakMeter()
     with meter:
         meter.begin_step()
         x = torch.ones(500, 1000, requires_grad=True)

@@ -16,6 +16,7 @@ EXPECTED_SIGNATURES = {
     "_tokenize_prompts": "(self, prompts: list)",
     "save_model": "(self, output_dir: str | None = None, _internal_call: bool = False) -> None",
     "compute_loss": "(self, model, inputs, return_outputs=False, num_items_in_batch=None)",
+    "get_high_entropy_mask": "(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor",
 }
 
 
@@ -82,6 +83,9 @@ def test_private_attributes_erl_uses_exist(tiny_model_dir, arithmetic_dataset, e
         "eos_token_ids",
         "_log_metric",
         "_log_completion_extra",
+        "_entropy_window_stats",
+        "_entropy_bonus_enabled",
+        "top_entropy_quantile",
     ):
         assert hasattr(trainer, attribute), attribute
     assert trainer.generation_kwargs["max_new_tokens"] == trainer.generation_config.max_new_tokens

@@ -1,10 +1,13 @@
 """The ERL algorithm: `ERLConfig` and `ERLTrainer` on TRL's GRPOTrainer.
 
     config.py           ERLConfig: GRPOConfig plus ERL's options
-    trainer.py          ERLTrainer: reflection, retry, memory, internalization
+    step.py             the ERL step: gate, feedback, reflect, retry, credit, remember, new
+                        rows, against a small interface (no trl, no transformers)
+    trainer.py          ERLTrainer: the adapter to TRL (hooks, generation, guards, save/load)
     batch.py            ERL's rows in the base trainer's batch layout
-    micro_batches.py    a merged chunk in micro-batches, every loss term counted once
-    budget.py           the memory budget of generate calls and loss forwards
+    loss.py             a merged chunk's loss in micro-batches; the hand copies of upstream code
+    micro_batches.py    how a chunk is cut into micro-batches, every loss term counted once
+    budget.py           the memory budget: measured loss forwards, generate calls, meters
     memory.py           the cross-episode reflection memory
     prompts.py          the reflection and retry prompts, and the memory's text
     feedback_warmup.py  SFT rows that teach a small model to read ERL's feedback

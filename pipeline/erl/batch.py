@@ -19,10 +19,13 @@ merged batch is then trained in micro-batches is `pipeline.erl.micro_batches`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import torch
 from trl.trainer.utils import pad
+
+from pipeline.erl.loss import importance_sampling_ratio
+from pipeline.erl.step import PART_FIRST, PARTS, NewRows
 
 # A (B,) bool tensor in merged batches: rows that carry no signal (filler to a multiple of
 # steps_per_generation, rows that equalise counts across processes). TRL's buffering
@@ -44,63 +47,9 @@ ROW_KEYS = {
     "max_left_pad",
     INERT_KEY,
 }
-# A 0-dim tensor in merged batches: the padded tokens (rows x width) a loss forward may
-# hold, ERLConfig.memory_budget x those of one forward of GRPO's own batch (its
-# per_device_train_batch_size rows at its width). ERLTrainer.compute_loss keeps every
-# micro-batch within it, so that retries, whose prompts carry the reflection, stay within
-# the memory budget (pipeline.erl.budget).
-TOKEN_BUDGET_KEY = "erl_tokens_per_forward"
-SCALAR_KEYS = {"num_items_in_batch", TOKEN_BUDGET_KEY}
-
-# The parts of a merged batch (`NewRows.parts` labels ERL's rows; GRPO's rows are "first").
-# With ERLConfig.loss_normalization="per_part" each part is normalised over its own tokens.
-PART_FIRST = "first"  # first attempts y1 (GRPO's own rows)
-PART_RETRY = "retry"  # reflections and retries y2: the second attempt, advantage from r2
-PART_INTERNALIZATION = "internalization"  # original prompt -> successful y2
-PART_FILLER = "filler"  # inert rows
-PARTS = (PART_FIRST, PART_RETRY, PART_INTERNALIZATION)
-
-
-@dataclass
-class NewRows:
-    """Rows ERL adds to a generation batch (token ids as lists, one advantage each)."""
-
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]
-    advantages: list[float]
-    valid: list[bool]  # False: inert (count equalising or filler); pad-only completion
-    trainable: list[bool]  # False: kept but masked, as GRPO masks truncated completions
-    # Per-token log-probs the generator reported for each row (vLLM), else None.
-    sampling_logps: list[list[float] | None] = field(default_factory=list)
-    parts: list[str] = field(default_factory=list)  # one of PARTS (or PART_FILLER) per row
-
-    def __post_init__(self) -> None:
-        if not self.sampling_logps:
-            self.sampling_logps = [None] * len(self.valid)
-        if not self.parts:
-            self.parts = [PART_RETRY] * len(self.valid)
-
-    def extend(self, other: NewRows) -> None:
-        self.prompt_ids += other.prompt_ids
-        self.completion_ids += other.completion_ids
-        self.advantages += other.advantages
-        self.valid += other.valid
-        self.trainable += other.trainable
-        self.sampling_logps += other.sampling_logps
-        self.parts += other.parts
-
-    def add_filler(self, count: int) -> None:
-        """Append `count` inert rows (they only round the row count up)."""
-        self.extend(
-            NewRows(
-                [self.prompt_ids[0]] * count,
-                [[]] * count,
-                [0.0] * count,
-                [False] * count,
-                [False] * count,
-                parts=[PART_FILLER] * count,
-            )
-        )
+SCALAR_KEYS = {"num_items_in_batch"}
+Scorer = Callable[[dict], torch.Tensor]
+"""Per-token log-probs of a batch's completions, in the base trainer's layout."""
 
 
 def pad_rows(rows: NewRows, pad_id: int, device, multiple: int | None = None) -> dict:
@@ -164,43 +113,34 @@ def completion_layout(
     return logps.gather(1, columns.clamp(max=logps.size(1) - 1))
 
 
-def importance_sampling_ratio(
-    old: torch.Tensor,
-    sampling: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    clip_min: float | None,
-    clip_max: float | None,
-) -> torch.Tensor:
-    """TRL 1.15's vLLM importance-sampling correction (its `_generate_and_score_completions`),
-    for rows ERL adds: (B, C) for token modes, (B, 1) for sequence modes."""
-    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
-    if mode in ("sequence_mask", "sequence_truncate"):
-        diff = diff.sum(dim=-1, keepdim=True)
-    ratio = torch.exp(diff)
-    if mode in ("sequence_truncate", "token_truncate"):
-        return torch.clamp(ratio, min=clip_min, max=clip_max)
-    low = clip_min if clip_min is not None else -math.inf
-    high = clip_max if clip_max is not None else math.inf
-    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
-
-
-def merge_rows(trainer, output: dict, rows: NewRows, tokens_per_forward: int) -> dict:
+def merge_rows(
+    output: dict,
+    rows: NewRows,
+    *,
+    pad_id: int,
+    multiple: int | None,
+    steps_per_generation: int,
+    gather: Callable[[torch.Tensor], torch.Tensor],
+    logps: Scorer,
+    ref_logps: Scorer,
+    importance_sampling: tuple[str, float | None, float | None],
+) -> dict:
     """Append `rows` to GRPO's batch `output` in the base trainer's layout.
 
-    Re-pads, gives the new rows every per-row tensor the batch has, pads the row count to a
-    multiple of `steps_per_generation` with inert rows (TRL drops the rest when it splits
-    the batch), flags the inert rows and recounts `num_items_in_batch`."""
+    Re-pads (to `multiple`, the trainer's `pad_to_multiple_of`), gives the new rows every
+    per-row tensor the batch has, pads the row count to a multiple of
+    `steps_per_generation` with inert rows (TRL drops the rest when it splits the batch),
+    flags the inert rows and recounts `num_items_in_batch` (`gather`: the accelerator's).
+    Old and reference log-probs come from `logps` and `ref_logps`, the vLLM importance
+    ratio from TRL's formula with `importance_sampling` = (mode, clip_min, clip_max)."""
     unknown = sorted(set(output) - ROW_KEYS - SCALAR_KEYS)
     if unknown:  # ERLTrainer refuses the known cases when it is built; this is the backstop
         raise NotImplementedError(f"ERLTrainer cannot add rows to a batch with {unknown}")
     device = output["prompt_ids"].device
-    pad_id = trainer._tokenizer.pad_token_id
-    multiple = trainer.pad_to_multiple_of
     # Every process adds the same number of rows, a multiple of the split.
-    counts = trainer.accelerator.gather(torch.tensor([len(rows.valid)], device=device))
+    counts = gather(torch.tensor([len(rows.valid)], device=device))
     target = int(counts.max().item())
-    target += -(output["prompt_ids"].size(0) + target) % trainer.args.steps_per_generation
+    target += -(output["prompt_ids"].size(0) + target) % steps_per_generation
     rows.add_filler(target - len(rows.valid))
     new = pad_rows(rows, pad_id, device, multiple)
     new["advantages"] = torch.tensor(
@@ -218,7 +158,6 @@ def merge_rows(trainer, output: dict, rows: NewRows, tokens_per_forward: int) ->
         ),
         "advantages": torch.cat([output["advantages"], new["advantages"]]),
     }
-    merged[TOKEN_BUDGET_KEY] = torch.tensor(tokens_per_forward)
     before = output["prompt_ids"].size(0)
     inert = torch.zeros(merged["prompt_ids"].size(0), dtype=torch.bool, device=device)
     inert[before:] = ~torch.tensor(rows.valid, dtype=torch.bool, device=device)
@@ -240,7 +179,7 @@ def merge_rows(trainer, output: dict, rows: NewRows, tokens_per_forward: int) ->
     }
     current = None
     if has & {"old_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio"}:
-        current = trainer._logps(trainer.model, merged)
+        current = logps(merged)
     if "old_per_token_logps" in has:
         merged["old_per_token_logps"] = current
     if "sampling_per_token_logps" in has:
@@ -260,9 +199,8 @@ def merge_rows(trainer, output: dict, rows: NewRows, tokens_per_forward: int) ->
             sampling, ours.to(sampling.dtype), 0.0, "right", multiple
         )
     if "ref_per_token_logps" in has:
-        merged["ref_per_token_logps"] = trainer._ref_logps(merged)
+        merged["ref_per_token_logps"] = ref_logps(merged)
     if "importance_sampling_ratio" in has:  # TRL's layout (Unsloth computes it in its loss)
-        args = trainer.args
         ratio = output["importance_sampling_ratio"]  # (B, T) per token or (B, 1) per sequence
         sampling = merged.get("sampling_per_token_logps")
         old = completion_layout(current, merged["prompt_mask"], merged["completion_ids"].size(1))
@@ -270,9 +208,7 @@ def merge_rows(trainer, output: dict, rows: NewRows, tokens_per_forward: int) ->
             old[before:],
             (sampling if sampling is not None else old)[before:],
             merged["completion_mask"][before:],
-            args.vllm_importance_sampling_mode,
-            args.vllm_importance_sampling_clip_min,
-            args.vllm_importance_sampling_clip_max,
+            *importance_sampling,
         )
         merged["importance_sampling_ratio"] = cat_padded(
             ratio, ours.to(ratio.dtype), 1.0, "right", multiple
@@ -282,7 +218,7 @@ def merge_rows(trainer, output: dict, rows: NewRows, tokens_per_forward: int) ->
         merged["max_left_pad"] = torch.full(
             (merged["prompt_ids"].size(0), 1), left_pad, dtype=output["max_left_pad"].dtype
         )
-    merged["num_items_in_batch"] = trainer.accelerator.gather(merged["completion_mask"].sum()).sum()
+    merged["num_items_in_batch"] = gather(merged["completion_mask"].sum()).sum()
     return merged
 
 

@@ -1,30 +1,200 @@
-"""ERL's memory budget: how large a reflection/retry generate call or a loss micro-batch
-may be, as a multiple of GRPO's own loss forward.
+"""ERL's memory budget: how wide a loss micro-batch or a reflection/retry generate call may
+be, planned from what this backend's own loss forward is measured to hold.
 
-GRPO's step peaks in its loss forward: `per_device_train_batch_size` rows of the batch's
-width, whose activations are kept for the backward. ERL adds a reflection and a retry
-generation and about 4x the rows to the loss. `ERLConfig.memory_budget` (default 1.5)
-caps every one of those calls at that multiple of GRPO's forward, so that an all-gated
-step peaks at most that much above a GRPO step:
+GRPO's step peaks in its loss forward: `per_device_train_batch_size` rows of its batch,
+whose activations are kept for the backward. ERL adds a reflection and a retry generation
+and about 4x the rows to the loss. `ERLConfig.peak_memory_factor` (default 1.5) caps every
+one of those calls at that multiple of GRPO's loss forward, so that an all-gated step peaks
+at most that much above a GRPO step (checked by bench/erl_overhead.py):
 
-- a loss micro-batch holds at most `memory_budget` x GRPO's padded tokens per forward
-  (both keep the same activations per token);
-- a generate call holds far less per token: no activations are kept for a backward, only
-  the KV cache, one layer's activations at a time while the prompt is read, and each
-  row's next-token distribution. `MemoryModel` estimates those bytes from the model's
-  config, and `plan_generation` packs prompts into calls within the budget.
+- a loss micro-batch holds at most the tokens whose measured cost (`LossCost`), on top of
+  what the chunk already holds when it starts (the gradients of the micro-batches before
+  it), is the factor times that of GRPO's forward (or of the gradients, when those are
+  more). Tokens are what the backend's forward holds: rows x
+  padded width on TRL's trainer; on Unsloth's, which packs a forward's rows into one
+  sequence, the rows' own tokens. The cost need not be proportional to them: Unsloth's
+  packed forward on a CPU holds a mask and attention over the whole packed sequence;
+- a generate call holds at most the factor times the measured bytes of GRPO's forward. A
+  call's bytes are estimated by `MemoryModel` (KV cache, one layer's activations while the
+  prompt is read, each row's next-token distribution), scaled by the largest ratio of
+  measured to estimated bytes of the calls measured.
 
-The estimates leave out what both kinds of work share (the weights, the optimizer) and
-are checked on a CPU by `bench/erl_overhead.py`, which measures every step's peak.
-Under vLLM, which manages its own cache, reflections and retries are one call each.
+Measuring (`StepBudget`): during the first `CALIBRATION_CHUNKS` merged chunks, every loss
+forward and every reflection/retry generate call is measured (`peak_meter`: the CUDA
+allocator's peak, elsewhere a count of the tensor storages PyTorch creates), then never
+again, as counting slows every operator. Every process's samples are pooled, so that all
+plan alike. Until the first measurement, a micro-batch holds at most the tokens of GRPO's
+own forward and generate calls are weighed against `MemoryModel`'s estimate of it. Under
+vLLM, which manages its own cache, reflections and retries are one call each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from pipeline.erl.micro_batches import pack
+
+# Merged chunks whose loss forwards and generate calls are measured; the plan is refitted
+# after each. Two: the first is planned within GRPO's own forward, the second at the fitted
+# size, which the second measurement then checks.
+CALIBRATION_CHUNKS = 2
+
+
+# Measuring ---------------------------------------------------------------------------
+
+
+class StoragePeakMeter(TorchDispatchMode):
+    """Peak bytes of tensor storages between `begin_step` and `end_step`, above those live at
+    `begin_step`, on any device: a TorchDispatchMode counting each storage an operator
+    creates until Python frees it (the CPU stand-in for the CUDA allocator's count). Use it
+    as a context around the steps; `steps` holds each step's peak.
+
+    It misses storages made outside PyTorch's dispatcher, and work done inside one
+    operator's kernel (bitsandbytes' CPU `gemm_4bit` dequantizes a whole weight inside it),
+    and it slows every operator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen = WeakIdKeyDictionary()  # storage -> bytes, so views are counted once
+        self.live = 0  # bytes of the storages created since the meter was entered, still alive
+        self._base = self._peak = 0
+        self.steps: list[int] = []
+
+    def begin_step(self) -> None:
+        self._base = self._peak = self.live
+
+    def end_step(self) -> None:
+        self.steps.append(self._peak - self._base)
+
+    def _freed(self, size: int) -> None:
+        self.live -= size
+
+    def _count(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        if storage in self._seen:
+            return
+        size = storage.nbytes()
+        self._seen[storage] = size
+        weakref.finalize(storage, self._freed, size)
+        self.live += size
+        self._peak = max(self._peak, self.live)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in tree_leaves(out):
+            if isinstance(value, torch.Tensor) and value.device.type != "meta":
+                self._count(value)
+        return out
+
+
+class CudaPeakMeter:
+    """The same figures from the CUDA allocator (it resets the allocator's peak counter)."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self._base = self._start = 0
+
+    def __enter__(self):
+        self._start = torch.cuda.memory_allocated()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    @property
+    def live(self) -> int:
+        """Bytes allocated above those allocated when the meter was entered."""
+        return torch.cuda.memory_allocated() - self._start
+
+    def begin_step(self) -> None:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        self._base = torch.cuda.memory_allocated()
+
+    def end_step(self) -> None:
+        torch.cuda.synchronize()
+        self.steps.append(torch.cuda.max_memory_allocated() - self._base)
+
+
+def peak_meter(device: torch.device | str | None = None) -> StoragePeakMeter | CudaPeakMeter:
+    """The allocator's figures on a CUDA device, the storage count elsewhere (default device:
+    CUDA when there is one)."""
+    if device is None:
+        cuda = torch.cuda.is_available()
+    else:
+        cuda = torch.device(device).type == "cuda"
+    return CudaPeakMeter() if cuda else StoragePeakMeter()
+
+
+@contextmanager
+def measured(device, samples: list[tuple[float, float]], key: float) -> Iterator[None]:
+    """Append (key, peak bytes of the block above its start) to `samples`."""
+    meter = peak_meter(device)
+    with meter:
+        meter.begin_step()
+        yield
+        meter.end_step()
+    samples.append((float(key), float(meter.steps[-1])))
+
+
+# Costs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LossCost:
+    """Bytes a loss forward (with its backward) holds over T tokens: T x (per_token +
+    growth x T). `growth` is what grows with the forward's size, such as attention over a
+    packed sequence; 0 where the cost is proportional to the tokens."""
+
+    per_token: float
+    growth: float = 0.0
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[float, float, float]]) -> LossCost:
+        """The line of bytes per token against tokens through (tokens, bytes, completion
+        share) samples.
+
+        Its slope, the growth, is the median of the slopes between samples of alike
+        composition (completion shares within 0.05: a forward of short rows holds more
+        logits per token than one of long rows) whose tokens differ by 10% or more
+        (Theil-Sen: a first call's one-off allocation moves it little); 0 when that is
+        negative or there are no such pairs. per_token is the token-weighted mean of what
+        remains."""
+        values = torch.tensor([list(sample) for sample in samples], dtype=torch.float64)
+        tokens, share = values[:, 0].clamp(min=1.0), values[:, 2]
+        per = values[:, 1] / tokens
+        smaller = torch.minimum(tokens[:, None], tokens[None, :])
+        pairs = (tokens[:, None] - tokens[None, :] >= 0.1 * smaller) & (
+            (share[:, None] - share[None, :]).abs() <= 0.05
+        )
+        slopes = ((per[:, None] - per[None, :]) / (tokens[:, None] - tokens[None, :]))[pairs]
+        growth = max(slopes.median().item(), 0.0) if slopes.numel() else 0.0
+        weight = tokens / tokens.sum()
+        per_token = (weight * (per - growth * tokens)).sum().item()
+        if per_token < 0:  # all growth: the weighted least-squares T^2 through the origin
+            growth = ((weight * per * tokens).sum() / (weight * tokens.square()).sum()).item()
+            return cls(0.0, growth)
+        return cls(per_token, growth)
+
+    def bytes(self, tokens: float) -> float:
+        """The bytes of a forward over `tokens` tokens."""
+        return tokens * (self.per_token + self.growth * tokens)
+
+    def tokens_within(self, limit: float) -> float:
+        """The most tokens whose forward holds at most `limit` bytes."""
+        a, b = self.per_token, self.growth
+        if b == 0:
+            return limit / a if a > 0 else math.inf
+        return (-a + math.sqrt(a * a + 4 * b * limit)) / (2 * b)
 
 
 @dataclass(frozen=True)
@@ -66,6 +236,16 @@ class MemoryModel:
             logits=float(3 * 4 * config.vocab_size),  # float32 logits, softmax, sampling
         )
 
+    def scaled(self, factor: float) -> MemoryModel:
+        """Every estimate times `factor`."""
+        return replace(
+            self,
+            activation=self.activation * factor,
+            cache=self.cache * factor,
+            layer=self.layer * factor,
+            logits=self.logits * factor,
+        )
+
     def loss_forward(self, tokens: int) -> float:
         """Bytes of a loss forward over `tokens` padded tokens (rows x width)."""
         return tokens * self.activation
@@ -91,3 +271,109 @@ def plan_generation(
             <= budget
         ),
     )
+
+
+# The budget -------------------------------------------------------------------------
+
+
+class StepBudget:
+    """One trainer's budget: `loss_tokens()` per loss forward and `plan_generation` for
+    generate calls, from `factor` x GRPO's loss forward of `reference_tokens` tokens (set
+    for every generation batch), measured on the first merged chunks."""
+
+    def __init__(self, factor: float, estimate: MemoryModel, device) -> None:
+        self.factor = factor
+        self.estimate = estimate
+        self.device = device
+        self.reference_tokens = 0
+        self.cost: LossCost | None = None
+        # What a chunk already holds when a later micro-batch's forward starts (the
+        # gradients of those before it), at most: GRPO's one forward holds none of it.
+        self.held = 0.0
+        # Measured / estimated bytes of generate calls: the largest ratio measured (1 before).
+        self.generate_scale = 1.0
+        self._generate_ratio = 0.0
+        self._chunks_left = CALIBRATION_CHUNKS
+        self._meter: StoragePeakMeter | CudaPeakMeter | None = None  # during a chunk
+        self._loss: list[tuple[float, ...]] = []  # (tokens, bytes, share, held), this chunk
+        self._generate: list[tuple[float, float]] = []  # (estimated, measured bytes)
+        self._pooled: list[tuple[float, ...]] = []  # every process's (tokens, bytes, share)
+
+    @property
+    def calibrating(self) -> bool:
+        """Whether loss forwards and generate calls are still being measured."""
+        return self._chunks_left > 0
+
+    def loss_tokens(self) -> int:
+        """The most tokens a loss forward of a merged chunk may hold."""
+        if self.cost is None:  # nothing measured yet: no more than GRPO's own forward
+            return max(1, int(min(1.0, self.factor) * self.reference_tokens))
+        # GRPO's step holds at least its forward, and at least the gradients its backward
+        # leaves; a later micro-batch's forward starts on those gradients.
+        reference = max(self.cost.bytes(self.reference_tokens), self.held)
+        limit = self.factor * reference - self.held
+        return max(1, int(min(self.cost.tokens_within(max(limit, 0.0)), 2**62)))
+
+    def generation_bytes(self) -> float:
+        """The most bytes a reflection or retry generate call may hold."""
+        if self.cost is None:
+            return self.factor * self.estimate.loss_forward(self.reference_tokens)
+        return self.factor * self.cost.bytes(self.reference_tokens)
+
+    def plan_generation(self, prompt_lengths: Sequence[int], new_tokens: int) -> list[list[int]]:
+        """Prompts (indices) per generate call, each call within `generation_bytes()`."""
+        memory = self.estimate.scaled(self.generate_scale)
+        return plan_generation(prompt_lengths, new_tokens, memory, self.generation_bytes())
+
+    @contextmanager
+    def generate_call(self, rows: int, longest_prompt: int, new_tokens: int) -> Iterator[None]:
+        """Around one generate call: measured while calibrating."""
+        if not self.calibrating:
+            yield
+            return
+        estimate = self.estimate.generate_call(rows, longest_prompt, new_tokens)
+        with measured(self.device, self._generate, estimate):
+            yield
+
+    @contextmanager
+    def chunk(self, gather: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+        """Around a merged chunk's loss. While calibrating, its loss forwards are measured
+        (`loss_forward`), and at its end every process's samples are pooled (`gather`: the
+        accelerator's; every process has measured as many forwards) and the cost refitted."""
+        if not self.calibrating:
+            yield
+            return
+        self._meter = peak_meter(self.device)
+        try:
+            with self._meter:
+                yield
+        finally:
+            self._meter = None
+        self._chunks_left -= 1
+        loss = torch.tensor(self._loss, dtype=torch.float32, device=self.device).reshape(-1, 4)
+        ratio = max((measured / estimate for estimate, measured in self._generate), default=0.0)
+        ratio = torch.tensor([ratio], dtype=torch.float32, device=self.device)
+        self._loss, self._generate = [], []
+        pooled = gather(loss).tolist()
+        self._pooled += [tuple(sample[:3]) for sample in pooled]
+        self.held = max([self.held] + [sample[3] for sample in pooled])
+        self._generate_ratio = max(self._generate_ratio, gather(ratio).max().item())
+        if self._generate_ratio > 0:  # some call was measured
+            self.generate_scale = self._generate_ratio
+        if self._pooled:
+            self.cost = LossCost.fit(self._pooled)
+
+    @contextmanager
+    def loss_forward(self, tokens: int, share: float = 0.0) -> Iterator[None]:
+        """Around one loss forward of `tokens` tokens (`share` of them completion tokens)
+        inside `chunk`: measured while calibrating, with what the chunk already held when
+        it started."""
+        meter = self._meter
+        if meter is None:
+            yield
+            return
+        held = meter.live
+        meter.begin_step()
+        yield
+        meter.end_step()
+        self._loss.append((float(tokens), float(meter.steps[-1]), float(share), float(held)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import string
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,13 +16,13 @@ from pipeline.erl.prompts import (
     REFLECTION_PLACEHOLDERS,
     RETRY_PLACEHOLDERS,
 )
+from pipeline.erl.step import RETRY_ADVANTAGES
 from pipeline.models.backend import activate_backend
 
 activate_backend()  # before trl: on a GPU, Unsloth rebinds trl.GRPOConfig / trl.GRPOTrainer
 
 from trl import GRPOConfig  # noqa: E402
 
-RETRY_ADVANTAGES = ("group", "improvement")
 LOSS_NORMALIZATIONS = ("merged", "per_part")
 # Losses whose normaliser is the global token count and that are linear in the advantage
 # (positive scaling commutes with DAPO's clipping), so scaling a part's advantages by
@@ -32,17 +33,6 @@ PER_PART_LOSSES = ("dapo", "cispo")
 def template_fields(template: str) -> set[str]:
     """The `{placeholder}` names used in a str.format template."""
     return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-
-
-# Gate and success tests allow this much float rounding below the threshold: a weighted sum
-# of rewards with weights that add up to 1 can land a few ulps under 1.0 for a perfect
-# completion (e.g. weights [0.2, 0.218, 0.309, 0.145, 0.127] in float32).
-THRESHOLD_TOLERANCE = 1e-5
-
-
-def reaches_threshold(reward: float, threshold: float) -> bool:
-    """Whether `reward` reaches `threshold` up to float rounding (NaN never does)."""
-    return reward >= threshold - THRESHOLD_TOLERANCE * max(1.0, abs(threshold))
 
 
 @dataclass(init=False)
@@ -142,16 +132,20 @@ class ERLConfig(GRPOConfig):
             "reflection whatever its prompt (for tasks whose lessons carry over)."
         },
     )
-    memory_budget: float = field(
+    # Bytes, not the reflection memory: the peak of ERL's extra calls against GRPO's.
+    peak_memory_factor: float = field(
         default=1.5,
         metadata={
             "help": "The most memory a reflection or retry generate call, or a loss forward of "
             "the merged batch, may take, as a multiple of one loss forward of GRPO's own batch "
-            "(where a GRPO step peaks): loss forwards hold at most this multiple of its padded "
-            "tokens, generate calls at most this multiple of its estimated bytes "
-            "(pipeline/erl/budget.py). Larger: fewer, wider calls. Under vLLM generation is "
-            "one call per phase."
+            "(where a GRPO step peaks), planned from what the backend's loss forward is "
+            "measured to hold on the first merged batches (pipeline/erl/budget.py). Larger: "
+            "fewer, wider calls. Under vLLM generation is one call per phase."
         },
+    )
+    memory_budget: float | None = field(
+        default=None,
+        metadata={"help": "Deprecated: the old name of peak_memory_factor."},
     )
     reflection_max_completion_length: int | None = field(
         default=None,
@@ -197,8 +191,18 @@ class ERLConfig(GRPOConfig):
             raise ValueError(
                 f"memory_scope must be one of {list(MEMORY_SCOPES)}, got {self.memory_scope!r}"
             )
-        if not (math.isfinite(self.memory_budget) and self.memory_budget > 0):
-            raise ValueError(f"memory_budget must be a finite number > 0, got {self.memory_budget}")
+        if self.memory_budget is not None:
+            warnings.warn(
+                "ERLConfig option memory_budget is deprecated: use peak_memory_factor (the "
+                f"same meaning); peak_memory_factor={self.memory_budget} is used",
+                FutureWarning,
+                stacklevel=3,
+            )
+            self.peak_memory_factor, self.memory_budget = self.memory_budget, None
+        if not (math.isfinite(self.peak_memory_factor) and self.peak_memory_factor > 0):
+            raise ValueError(
+                f"peak_memory_factor must be a finite number > 0, got {self.peak_memory_factor}"
+            )
         if (
             self.reflection_max_completion_length is not None
             and self.reflection_max_completion_length < 1

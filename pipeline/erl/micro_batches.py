@@ -1,9 +1,10 @@
 """A merged chunk trained in micro-batches whose losses add up to the chunk's.
 
 An all-gated chunk holds up to ~4x GRPO's rows, and retries' prompts carry the reflection,
-so `ERLTrainer.compute_loss` cuts it into micro-batches of at most the padded tokens its
-memory budget allows (`pipeline.erl.budget`), each followed by its backward. For the sum
-to be the loss of one batch, every term of the base trainer's loss must be counted once:
+so `ERLTrainer.compute_loss` (`pipeline.erl.loss`) cuts it into micro-batches of at most
+the tokens its memory budget allows (`pipeline.erl.budget`), each followed by its
+backward. For the sum to be the loss of one batch, every term of the base trainer's loss
+must be counted once:
 
 - the policy term and the KL term, through the advantages and `beta`, by the weight of
   the loss type's normaliser (`micro_batch_weight`);
@@ -18,6 +19,10 @@ to be the loss of one batch, every term of the base trainer's loss must be count
 All weights reach the loss through attributes the base reads at call time, not through
 the returned loss: Unsloth's loss functions compute their gradients in the forward and
 ignore the upstream gradient in their backward.
+
+A forward's tokens, which the budget counts, are rows x (widest prompt + widest
+completion) on TRL's trainer, which pads; on Unsloth's (`packed`), which packs the rows of
+a forward into one sequence, the rows' own prompt and completion tokens.
 """
 
 from __future__ import annotations
@@ -66,16 +71,42 @@ def row_extents(batch: dict, pad_id: int) -> tuple[list[int], list[int]]:
     return prompt.tolist(), completion.tolist()
 
 
-def plan_micro_batches(batch: dict, pad_id: int, budget: int) -> list[list[int]]:
-    """Rows of each micro-batch: at most `budget` padded tokens (rows x (widest prompt +
-    widest completion) of the micro-batch; a wider row goes alone).
+def forward_tokens(batch: dict, pad_id: int, packed: bool) -> int:
+    """The tokens a forward of `batch` holds (see the module docstring)."""
+    prompt, completion = row_extents(batch, pad_id)
+    return _tokens(range(len(prompt)), prompt, completion, packed)
+
+
+def completion_share(batch: dict, pad_id: int, packed: bool) -> float:
+    """The completions' share of a forward's tokens (where the base computes logits)."""
+    prompt, completion = row_extents(batch, pad_id)
+    if packed:
+        return sum(completion) / max(sum(prompt) + sum(completion), 1)
+    width = batch["prompt_ids"].size(1) + batch["completion_ids"].size(1)
+    return batch["completion_ids"].size(1) / width
+
+
+def reference_tokens(batch: dict, pad_id: int, rows: int, packed: bool) -> int:
+    """The tokens of one forward of `rows` rows of GRPO's own `batch`: at its width, or,
+    packed, at its mean row length."""
+    if not packed:
+        return rows * (batch["prompt_ids"].size(1) + batch["completion_ids"].size(1))
+    prompt, completion = row_extents(batch, pad_id)
+    return round(rows * (sum(prompt) + sum(completion)) / max(len(prompt), 1))
+
+
+def plan_micro_batches(
+    batch: dict, pad_id: int, budget: int, packed: bool = False
+) -> list[list[int]]:
+    """Rows of each micro-batch: at most `budget` tokens (`forward_tokens`; a row over it
+    goes alone).
 
     Rows are sorted by length first, so that retries, whose prompts carry the reflection,
     share micro-batches with each other and first attempts keep GRPO's width."""
     prompt, completion = row_extents(batch, pad_id)
     return pack(
         _longest_first(prompt, completion),
-        lambda rows: _fits(rows, prompt, completion, budget),
+        lambda rows: _tokens(rows, prompt, completion, packed) <= budget,
     )
 
 
@@ -87,14 +118,14 @@ def plan_equal_micro_batches(batch: dict, pad_id: int, rows_each: int) -> list[l
     return [order[i : i + rows_each] for i in range(0, len(order), rows_each)]
 
 
-def rows_per_micro_batch(batch: dict, pad_id: int, budget: int) -> int:
+def rows_per_micro_batch(batch: dict, pad_id: int, budget: int, packed: bool = False) -> int:
     """The most rows whose consecutive groups, sorted by length, each fit the budget; 1 if
     none does."""
     prompt, completion = row_extents(batch, pad_id)
     order = _longest_first(prompt, completion)
     for size in range(len(order), 1, -1):
         groups = [order[i : i + size] for i in range(0, len(order), size)]
-        if all(_fits(rows, prompt, completion, budget) for rows in groups):
+        if all(_tokens(rows, prompt, completion, packed) <= budget for rows in groups):
             return size
     return 1
 
@@ -103,9 +134,10 @@ def _longest_first(prompt: list[int], completion: list[int]) -> list[int]:
     return sorted(range(len(prompt)), key=lambda row: prompt[row] + completion[row], reverse=True)
 
 
-def _fits(rows: list[int], prompt: list[int], completion: list[int], budget: int) -> bool:
-    width = max(prompt[r] for r in rows) + max(completion[r] for r in rows)
-    return len(rows) * width <= budget
+def _tokens(rows, prompt: list[int], completion: list[int], packed: bool) -> int:
+    if packed:
+        return sum(prompt[r] + completion[r] for r in rows)
+    return len(rows) * (max(prompt[r] for r in rows) + max(completion[r] for r in rows))
 
 
 def pack(order: list[int], fits) -> list[list[int]]:

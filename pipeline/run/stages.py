@@ -179,9 +179,9 @@ def run_stage(
         ),
         reward_funcs=rewards.funcs,
         feedback_func=rewards.feedback,
+        memory=memory,  # one memory for the whole run; checkpoints save and restore it
         processing_class=tokenizer,
     )
-    trainer.memory = memory  # one memory for the whole run; checkpoints save and restore it
     callback = CurriculumCallback(trainer, controller, layout.stage_metrics(stage), step_offset)
     trainer.add_callback(callback)
     show_stage_progress(trainer, args, controller, layout)  # instead of per-step dicts

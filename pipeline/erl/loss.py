@@ -1,0 +1,327 @@
+"""ERLTrainer's loss on a merged chunk, and every hand copy of upstream code ERL relies on.
+
+`merged_chunk_loss` is `ERLTrainer.compute_loss` for a chunk that holds ERL's rows: the
+base trainer's own loss, leaving out inert rows, in micro-batches of at most the tokens the
+memory budget allows (`pipeline.erl.budget`), each followed by its backward, every term
+counted once for the chunk (`pipeline.erl.micro_batches`).
+
+The second half holds the copies of upstream behaviour, each under a header naming the
+library version it follows. On an upgrade of TRL or transformers, compare them with the
+new release (tests/test_trl_guard.py pins the versions and the signatures ERL uses).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import replace
+
+import torch
+
+from pipeline.erl.budget import StepBudget
+from pipeline.erl.micro_batches import (
+    PartWeights,
+    collapse_metrics,
+    completion_share,
+    forward_tokens,
+    loss_token_mask,
+    micro_batch,
+    part_weights,
+    plan_equal_micro_batches,
+    plan_micro_batches,
+    rows_per_micro_batch,
+    select_rows,
+)
+from pipeline.models.backend import unsloth_trainer_active
+
+BaseLoss = Callable[..., torch.Tensor]
+"""The base trainer's `compute_loss(model, inputs, return_outputs, num_items_in_batch)`."""
+
+
+def merged_chunk_loss(
+    trainer,
+    base_loss: BaseLoss,
+    model,
+    inputs: dict,
+    inert: torch.Tensor,
+    budget: StepBudget,
+    return_outputs: bool = False,
+    num_items_in_batch=None,
+) -> torch.Tensor:
+    """The loss of a merged chunk (`inert`: its rows that carry no signal), as the base
+    would compute it in one forward, trained in micro-batches.
+
+    Every term of the base's loss is counted once for the chunk: policy and KL through the
+    advantages and beta, the entropy bonus through entropy_coef, the MoE router loss
+    through its coefficient; the adaptive entropy controller steps once per optimizer step,
+    `top_entropy_quantile` is taken over the whole chunk, and the logged metrics get one
+    value per chunk."""
+    accelerator = trainer.accelerator
+    # Several processes keep their inert rows (masked, pad-only): every process must pass
+    # the same number of rows through the loss, whose metric gathers are collective.
+    if not inert.all() and accelerator.num_processes == 1:
+        inputs = select_rows(inputs, ~inert)  # an all-inert chunk has a zero loss as it is
+    pad_id = trainer._tokenizer.pad_token_id
+    unsloth = unsloth_trainer_active()  # Unsloth's trainer packs a forward's rows
+    tokens = budget.loss_tokens()
+    if accelerator.num_processes == 1:
+        plan = plan_micro_batches(inputs, pad_id, tokens, packed=unsloth)
+    else:  # the loss's metric gathers need equal micro-batches on every process
+        size = rows_per_micro_batch(inputs, pad_id, tokens, packed=unsloth)
+        size = accelerator.gather(torch.tensor([size], device=inert.device)).min()
+        plan = plan_equal_micro_batches(inputs, pad_id, int(size))
+    if len(plan) == 1:  # one forward: the base's loss as it is
+        with (
+            budget.chunk(accelerator.gather),
+            budget.loss_forward(*_size(inputs, pad_id, unsloth)),
+        ):
+            return base_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    token_mask = loss_token_mask(
+        inputs, pad_id, unsloth=unsloth, mask_truncated=bool(trainer.mask_truncated_completions)
+    )
+    weights = part_weights(trainer.args.loss_type, plan, inputs, token_mask)
+    parts = [
+        micro_batch(inputs, rows, pad_id, unsloth, trainer.pad_to_multiple_of) for rows in plan
+    ]
+    # Each micro-batch's loss tokens and rows over every process, for the metric means.
+    counts = torch.tensor(
+        [[float(token_mask[rows].sum()), float(len(rows))] for rows in plan],
+        device=token_mask.device,
+    )
+    counts = accelerator.reduce(counts, reduction="sum")
+    mode = "train" if trainer.model.training else "eval"
+    metrics = trainer._metrics[mode]
+    # No base call (and no backward of ERL's) runs at the accumulation boundary: TRL's
+    # adaptive entropy controller would step once per call there (it steps once below),
+    # and under DeepSpeed a backward there steps the optimizer.
+    sync, accelerator.sync_gradients = accelerator.sync_gradients, False
+    try:
+        with budget.chunk(accelerator.gather):
+            threshold = None
+            if trainer.top_entropy_quantile < 1.0:
+                threshold, weights = _chunk_entropy_threshold(
+                    trainer, base_loss, model, parts, weights, metrics
+                )
+            before = {key: len(values) for key, values in metrics.items()}
+            with _entropy_threshold(trainer, threshold):
+                loss, done = _train_parts(
+                    trainer,
+                    base_loss,
+                    model,
+                    parts,
+                    weights,
+                    budget,
+                    return_outputs,
+                    num_items_in_batch,
+                )
+    finally:
+        accelerator.sync_gradients = sync
+    collapse_metrics(
+        metrics,
+        before,
+        weights,
+        tokens=counts[:, 0].tolist(),
+        rows=counts[:, 1].tolist(),
+        unsloth=unsloth,
+        sequence_level=trainer.importance_sampling_level == "sequence",
+    )
+    # Unsloth's loss has no adaptive control and logs no entropy_coef.
+    if sync and mode == "train" and not unsloth and trainer._entropy_bonus_enabled:
+        if trainer.use_adaptive_entropy:
+            adaptive_entropy_step(trainer)
+        metrics["entropy_coef"].append(trainer.entropy_coef)  # TRL logs it at the boundary
+    return loss + done
+
+
+def _train_parts(
+    trainer, base_loss, model, parts, weights, budget, return_outputs, num_items_in_batch
+):
+    """Each micro-batch's weighted loss, all but the last back-propagated here (Trainer's
+    training_step back-propagates what compute_loss returns): the last loss, and the sum
+    of the others' (detached)."""
+    accelerator, pad_id = trainer.accelerator, trainer._tokenizer.pad_token_id
+    packed = unsloth_trainer_active()
+    done = None
+    for part, weight in zip(parts, weights):
+        with budget.loss_forward(*_size(part, pad_id, packed)):
+            loss = _weighted_loss(
+                trainer, base_loss, model, part, weight, return_outputs, num_items_in_batch
+            )
+        if part is parts[-1]:
+            return loss, done
+        # What Trainer.training_step does with the returned loss, for the parts it never sees.
+        with accelerator.no_sync(model):
+            accelerator.backward(loss * returned_loss_scale(trainer, num_items_in_batch))
+        done = loss.detach() if done is None else done + loss.detach()
+    raise ValueError("a merged chunk needs at least one micro-batch")
+
+
+def _size(batch: dict, pad_id: int, packed: bool) -> tuple[int, float]:
+    """A forward's tokens and the completions' share of them, as the budget measures them."""
+    return forward_tokens(batch, pad_id, packed), completion_share(batch, pad_id, packed)
+
+
+def _weighted_loss(
+    trainer, base_loss, model, part, weight: PartWeights, return_outputs, num_items_in_batch
+):
+    """The base loss of micro-batch `part`, each term weighted by its share of the chunk.
+
+    The weights go into what the base reads at call time (advantages, beta, entropy_coef,
+    router_aux_loss_coef), not onto the returned loss: Unsloth's loss functions hand
+    autograd gradients computed in their forward and ignore the upstream gradient in
+    their backward, so a scaled loss kept its unscaled gradient. Every supported loss
+    is linear in (advantages, beta) for a positive weight: the clipped surrogate, the
+    KL term and the normalisers; clipping and masks read only the advantages' sign."""
+    saved = trainer.beta, trainer.entropy_coef, trainer.router_aux_loss_coef
+    part = {**part, "advantages": part["advantages"] * weight.policy}
+    trainer.beta = trainer.beta * weight.policy
+    trainer.entropy_coef = trainer.entropy_coef * weight.entropy
+    trainer.router_aux_loss_coef = trainer.router_aux_loss_coef * weight.aux
+    try:
+        return base_loss(model, part, return_outputs, num_items_in_batch)
+    finally:
+        trainer.beta, trainer.entropy_coef, trainer.router_aux_loss_coef = saved
+
+
+def _chunk_entropy_threshold(trainer, base_loss, model, parts, weights, metrics):
+    """The `top_entropy_quantile` threshold over every loss token of the chunk, on every
+    process, as one forward of the chunk would take it, and the parts' weights with the
+    entropy bonus (then a mean over the kept tokens) weighed by each part's share of them.
+
+    The population is read from the base's own loss: each micro-batch goes through it once
+    without gradients, and `get_high_entropy_mask` (ERLTrainer's) collects the entropies
+    and mask it is handed, in the base's own layout (TRL's, or Unsloth's packed one). What
+    those calls log, and the entropy window they add to, is put back."""
+    population: list[torch.Tensor] = []
+    saved_window = trainer._entropy_window_stats
+    before = {key: len(values) for key, values in metrics.items()}
+    state = _CHUNK_ENTROPY.set(population)
+    try:
+        with torch.no_grad():
+            for part in parts:
+                base_loss(model, part, False, None)
+    finally:
+        _CHUNK_ENTROPY.reset(state)
+        trainer._entropy_window_stats = saved_window
+        for key, values in metrics.items():
+            del values[before.get(key, 0) :]
+    local = torch.cat(population) if population else torch.zeros(0)
+    threshold = entropy_quantile(trainer.accelerator, local, 1 - trainer.top_entropy_quantile)
+    kept = [int((values >= threshold).sum()) for values in population]
+    weights = [replace(w, entropy=k / max(sum(kept), 1)) for w, k in zip(weights, kept)]
+    return threshold, weights
+
+
+@contextmanager
+def _entropy_threshold(trainer, threshold: float | None):
+    """While the chunk's micro-batches train, their entropy mask uses `threshold`."""
+    state = _CHUNK_ENTROPY.set(threshold)
+    try:
+        yield
+    finally:
+        _CHUNK_ENTROPY.reset(state)
+
+
+# Inside a micro-batched chunk with top_entropy_quantile < 1: the list its first pass
+# collects the base's entropy population in, then the chunk's threshold; else None.
+_CHUNK_ENTROPY: ContextVar[list[torch.Tensor] | float | None] = ContextVar(
+    "chunk_entropy", default=None
+)
+
+
+def chunk_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+    """What `get_high_entropy_mask` answers inside a micro-batched chunk (None outside)."""
+    state = _CHUNK_ENTROPY.get()
+    if state is None:
+        return None
+    if isinstance(state, list):  # the first pass: collect (its loss is thrown away)
+        state.append(entropies[mask.bool()].detach().float())
+        return mask.bool()
+    return high_entropy_mask(entropies, mask, state)
+
+
+# Copies of upstream behaviour ----------------------------------------------------------
+
+# TRL 1.15.0, GRPOTrainer._compute_loss (its entropy-bonus block): the adaptive entropy
+# controller's step at the optimizer-step boundary.
+
+
+def adaptive_entropy_step(trainer) -> None:
+    """TRL 1.15's adaptive entropy controller step, once per optimizer step, on the entropy
+    of the whole accumulation window: every micro-batch added its sums to the window, since
+    none ran at the boundary."""
+    if trainer._entropy_window_stats is None:
+        return
+    window = trainer.accelerator.reduce(trainer._entropy_window_stats, reduction="sum")
+    world_entropy = (window[0] / window[1].clamp(min=1.0)).item()
+    args = trainer.args
+    if world_entropy <= args.entropy_target:
+        trainer.entropy_coef = min(
+            trainer.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max
+        )
+    else:
+        trainer.entropy_coef = max(
+            trainer.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min
+        )
+    trainer._last_world_entropy = world_entropy
+    trainer._entropy_window_stats = None
+
+
+# TRL 1.15.0, GRPOTrainer.get_high_entropy_mask: the population of loss tokens over
+# processes (a -1e9 sentinel pads each process's to one length), its quantile, and the mask.
+
+
+def entropy_quantile(accelerator, local: torch.Tensor, quantile: float) -> float:
+    """The `quantile` of every process's `local` entropies (inf when there are none)."""
+    padded = accelerator.pad_across_processes(local.float(), dim=0, pad_index=-1e9)
+    gathered = accelerator.gather(padded)
+    gathered = gathered[gathered != -1e9]
+    if gathered.numel() == 0:
+        return math.inf
+    return torch.quantile(gathered, quantile).item()
+
+
+def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, threshold: float):
+    """The loss tokens whose entropy reaches `threshold` (TRL's mask, given the threshold)."""
+    return ((entropies * mask.float()) >= threshold) & mask.bool()
+
+
+# TRL 1.15.0, GRPOTrainer._generate_and_score_completions: the vLLM importance-sampling
+# correction, which ERL computes for the rows it adds.
+
+
+def importance_sampling_ratio(
+    old: torch.Tensor,
+    sampling: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    clip_min: float | None,
+    clip_max: float | None,
+) -> torch.Tensor:
+    """TRL 1.15's vLLM importance-sampling ratio of rows ERL adds: (B, C) for token modes,
+    (B, 1) for sequence modes."""
+    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+    if mode in ("sequence_mask", "sequence_truncate"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode in ("sequence_truncate", "token_truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    low = clip_min if clip_min is not None else -math.inf
+    high = clip_max if clip_max is not None else math.inf
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+# transformers 5.17.0, Trainer.training_step (and Unsloth's rewrite of it): the factor it
+# applies to compute_loss's value before its backward.
+
+
+def returned_loss_scale(trainer, num_items_in_batch) -> float:
+    """The factor Trainer.training_step applies to the returned loss before its backward."""
+    if (
+        not trainer.model_accepts_loss_kwargs or num_items_in_batch is None
+    ) and trainer.compute_loss_func is None:
+        return 1.0 / trainer.current_gradient_accumulation_steps
+    return 1.0

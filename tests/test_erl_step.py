@@ -1,0 +1,328 @@
+"""pipeline.erl.step: the ERL step alone, driven by deterministic functions, no trainer.
+
+The backend below stands in for the trainer: its "generator" writes a reflection that
+names the prompt and a retry that is right for some prompts, its reward is exact match
+against the row's answer, and its tokenizer is one id per character. Two such steps run
+in two threads joined by a barrier act as two processes.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pipeline.erl.memory import ReflectionMemory
+from pipeline.erl.prompts import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
+from pipeline.erl.step import (
+    NO_FEEDBACK,
+    PART_INTERNALIZATION,
+    PART_RETRY,
+    ERLStep,
+    FirstAttempts,
+    Generated,
+    OneProcess,
+    call_feedback,
+    retry_advantages,
+)
+
+STEP = Path(__file__).resolve().parents[1] / "pipeline" / "erl" / "step.py"
+
+
+def settings(**overrides):
+    """The ERLConfig options the step reads, at ERLConfig's defaults."""
+    values = dict(
+        reward_threshold=1.0,
+        enable_reflection=True,
+        enable_memory=True,
+        enable_internalization=True,
+        internalization_coef=0.7,
+        train_retries=True,
+        retry_advantage="group",
+        scale_rewards="group",
+        reflection_system_prompt=DEFAULT_REFLECTION_PROMPT,
+        retry_system_prompt=DEFAULT_RETRY_PROMPT,
+        reflection_max_completion_length=None,
+        max_completion_length=8,
+        memory_top_k=3,
+        memory_scope="same_prompt",
+    )
+    return SimpleNamespace(**{**values, **overrides})
+
+
+def ids(text: str) -> list[int]:
+    return [ord(c) % 97 + 1 for c in text]
+
+
+def content(prompt) -> str:
+    return prompt[-1]["content"] if isinstance(prompt, list) else prompt
+
+
+class Backend:
+    """A deterministic StepBackend: retries are right for the prompts in `solvable`."""
+
+    def __init__(self, solvable=(), processes=None, nll=0.25):
+        self.solvable, self.nll = set(solvable), nll
+        self.processes = processes or OneProcess()
+        self.generated: list[tuple[list, int]] = []
+        self.scored: list[dict] = []
+
+    def generate(self, prompts, max_new_tokens):
+        self.generated.append((list(prompts), max_new_tokens))
+        texts = []
+        for prompt in prompts:
+            text = content(prompt)
+            if text.startswith("You tried"):  # a reflection prompt
+                texts.append(f" Check {text.split(chr(10))[1]} again. ")
+            else:  # a retry prompt: "<question>\n\nAdvice ...: <reflection>"
+                question = text.split("\n\n")[0]
+                texts.append("right" if question in self.solvable else "wrong")
+        return Generated(
+            [ids(content(p)) for p in prompts], [ids(t) for t in texts], texts, [None] * len(texts)
+        )
+
+    def score(self, rows, prompts, completions, completion_ids):
+        self.scored.append({"rows": rows, "completions": completions})
+        return torch.tensor(
+            [float(c[0]["content"] == row["answer"]) for row, c in zip(rows, completions)]
+        )
+
+    def feedback(self, rows, prompts, completions, completion_ids):
+        return [f"not {c[0]['content']}" for c in completions]
+
+    def tokenize(self, prompts):
+        return [ids(content(p)) for p in prompts]
+
+    def trainable(self, completion_ids):
+        return [len(c) < 8 for c in completion_ids]
+
+    def mean_token_nll(self, prompt_ids, completion_ids):
+        return self.nll
+
+
+def first_attempts(questions, r1):
+    """One first attempt per question, answered 'guess' (the right answer is 'right')."""
+    prompts = [[{"role": "user", "content": q}] for q in questions]
+    completions = [[{"role": "assistant", "content": "guess"}] for _ in questions]
+    rows = [{"prompt": p, "answer": "right", "level": 1} for p in prompts]
+    return FirstAttempts(rows, prompts, completions, [ids("guess")] * len(questions), r1)
+
+
+def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
+    questions = ["What is 1+1?", "What is 1+1?", "What is 2+2?", "What is 3+3?", "What is 4+4?"]
+    r1 = torch.tensor([0.0, 0.0, 0.2, float("nan"), 1.0 - 1e-7])  # NaN and ~1.0: not gated
+    backend = Backend(solvable={"What is 1+1?"})
+    memory = ReflectionMemory(10)
+    memory.add("What is 2+2?", "Add two twos.", step=0)
+    result = ERLStep(settings(), memory)(backend, first_attempts(questions, r1), step=7)
+
+    (reflections, length), (retries, _) = backend.generated
+    assert len(reflections) == 3 and length == 8  # the gated rows 0, 1 and 2
+    assert "not guess" in reflections[0][0]["content"]  # the feedback
+    assert "- Add two twos." in reflections[2][0]["content"]  # its prompt's stored lesson
+    assert "(none yet)" in reflections[0][0]["content"]
+    assert (
+        retries[0][0]["content"]
+        == "What is 1+1?\n\nAdvice from a previous attempt: Check What is 1+1? again."
+    )
+    # r2 is scored against the original rows, marked as retries.
+    (scored,) = backend.scored
+    assert [row["answer"] for row in scored["rows"]] == ["right"] * 3
+    assert all(row["attempt"] == 2 and row["level"] == 1 for row in scored["rows"])
+
+    rows = result.rows
+    # Reflections, retries (advantage from r2 within the prompt's group; alone: r2 - r1),
+    # then one internalization row per successful retry.
+    assert rows.parts == [PART_RETRY] * 6 + [PART_INTERNALIZATION] * 2
+    assert rows.advantages[:6] == pytest.approx([0.0, 0.0, -0.2] * 2)
+    assert rows.advantages[6:] == [0.7, 0.7]
+    assert rows.prompt_ids[6] == ids("What is 1+1?") and rows.completion_ids[6] == ids("right")
+    assert rows.valid == [True] * 8 and rows.trainable == [False] * 3 + [True] * 5
+    # Memory: the two successful reflections, in order, at the step.
+    assert [(e.prompt, e.reflection, e.step) for e in memory][1:] == [
+        ("What is 1+1?", "Check What is 1+1? again.", 7)
+    ] * 2
+    assert result.metrics == {
+        "erl/r1_mean": pytest.approx(0.3),  # NaN left out
+        "erl/gated_fraction": 0.6,
+        "erl/r2_mean": pytest.approx(2 / 3),
+        "erl/retry_success_rate": pytest.approx(2 / 3),
+        "erl/internalization_rows": 2.0,
+        "erl/internalization_loss": pytest.approx(0.25 * 0.7),
+        "erl/memory_size": 3.0,
+    }
+
+
+def test_no_gated_row_adds_nothing():
+    backend = Backend()
+    result = ERLStep(settings(), ReflectionMemory(5))(
+        backend, first_attempts(["a", "b"], torch.ones(2)), step=1
+    )
+    assert result.rows is None and backend.generated == [] and backend.scored == []
+    assert result.metrics["erl/gated_fraction"] == 0.0
+    assert result.metrics["erl/internalization_rows"] == 0.0
+
+
+def test_without_reflection_the_retry_reads_the_feedback_and_nothing_is_stored():
+    backend = Backend(solvable={"a"})
+    memory = ReflectionMemory(5)
+    step = ERLStep(settings(enable_reflection=False), memory)
+    result = step(backend, first_attempts(["a"], torch.zeros(1)), step=1)
+    ((retries, _),) = backend.generated  # no reflection call
+    assert retries[0][0]["content"].endswith(": not guess")
+    assert result.rows.parts == [PART_RETRY, PART_INTERNALIZATION] and len(memory) == 0
+
+
+def test_untrained_retries_stay_inert_and_the_hook_credits_them():
+    calls = []
+
+    def credit(groups, r1, r2, valid, scale, mode):
+        calls.append((groups, r2.tolist(), valid, scale, mode))
+        return [float(i) for i in range(len(groups))]
+
+    backend = Backend(solvable={"b"})
+    step = ERLStep(settings(train_retries=False, scale_rewards="none"), ReflectionMemory(5), credit)
+    result = step(backend, first_attempts(["a", "b"], torch.zeros(2)), step=1)
+    ((groups, r2, valid, scale, mode),) = calls
+    assert len(set(groups)) == 2 and r2 == [0.0, 1.0] and valid == [True, True]
+    assert (scale, mode) == (False, "group")
+    assert result.rows.advantages[:4] == [0.0, 1.0, 0.0, 1.0]  # the hook's values
+    assert result.rows.valid == [False] * 4 + [True]  # only the internalization row trains
+
+
+def test_unscorable_retries_carry_no_signal():
+    class Unscorable(Backend):
+        def score(self, rows, prompts, completions, completion_ids):
+            return torch.full((len(rows),), float("nan"))
+
+    result = ERLStep(settings(), ReflectionMemory(5))(
+        Unscorable(), first_attempts(["a", "a"], torch.zeros(2)), step=1
+    )
+    assert result.rows.advantages == [0.0] * 4
+    assert (
+        result.metrics["erl/retry_success_rate"] == 0.0
+        and "erl/internalization_loss" not in result.metrics
+    )
+
+
+class ThreadProcesses:
+    """`Processes` of one of `count` threads, whose collectives meet at a barrier."""
+
+    def __init__(self, index: int, count: int, shared: dict, barrier: threading.Barrier):
+        self.index, self.count, self.shared, self.barrier = index, count, shared, barrier
+
+    def _exchange(self, value):
+        self.barrier.wait()
+        self.shared[self.index] = value
+        self.barrier.wait()
+        values = [self.shared[i] for i in range(self.count)]
+        self.barrier.wait()
+        return values
+
+    def gather(self, tensor):
+        return torch.cat(self._exchange(tensor))
+
+    def gather_object(self, items):
+        return [item for part in self._exchange(list(items)) for item in part]
+
+    def sum(self, tensor):
+        return torch.stack(self._exchange(tensor)).sum(dim=0)
+
+
+def test_two_processes_pad_to_the_global_count_credit_together_and_remember_alike():
+    """Process 0 gated 2 rows, process 1 one, of the same prompt: process 1 pads with a masked
+    copy, the prompt's three retries are normalised together, and both memories get the
+    same reflections in the same order."""
+    shared, barrier = {}, threading.Barrier(2)
+    first = [
+        first_attempts(["q", "q"], torch.zeros(2)),
+        first_attempts(["q", "z"], torch.tensor([0.0, 1.0])),
+    ]
+    backends = [Backend(solvable={"q"} if i == 0 else ()) for i in range(2)]
+    memories = [ReflectionMemory(10), ReflectionMemory(10)]
+    results, errors = [None, None], []
+
+    def run(i):
+        backends[i].processes = ThreadProcesses(i, 2, shared, barrier)
+        try:
+            results[i] = ERLStep(settings(), memories[i])(backends[i], first[i], step=3)
+        except Exception as error:  # surfaced below
+            errors.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    a, b = results
+    assert len(backends[1].generated[0][0]) == 2  # one gated row and its padding copy
+    assert b.rows.valid[:2] == [True, False]
+    # r2: process 0's two retries of "q" right, process 1's wrong: one group of three.
+    mean, std = 2 / 3, torch.tensor([1.0, 1.0, 0.0]).std().item()
+    right, wrong = (1 - mean) / (std + 1e-4), (0 - mean) / (std + 1e-4)
+    assert a.rows.advantages[:2] == pytest.approx([right, right])
+    assert b.rows.advantages[:2] == pytest.approx([wrong, 0.0])  # the copy carries nothing
+    assert a.metrics == b.metrics and a.metrics["erl/gated_fraction"] == 0.75
+    assert a.metrics["erl/retry_success_rate"] == pytest.approx(2 / 3)
+    assert [e.reflection for e in memories[0]] == [e.reflection for e in memories[1]]
+    assert len(memories[0]) == 2
+
+
+def test_call_feedback_passes_the_columns_and_names_a_bad_function():
+    seen = {}
+
+    def hints(prompts, completions, completion_ids, answer, trainer_state, **kwargs):
+        seen.update(answer=answer, state=trainer_state, extra=sorted(kwargs))
+        return [f"not {a}" for a in answer]
+
+    rows = [{"prompt": "p", "answer": "4", "level": 1}]
+    assert call_feedback(hints, rows, ["p"], ["5"], [[5]], trainer_state="s") == ["not 4"]
+    assert seen == {"answer": ["4"], "state": "s", "extra": ["level"]}
+    assert call_feedback(None, rows, ["p"], ["5"], [[5]]) == [NO_FEEDBACK]
+
+    def short(completions, **kwargs):
+        return []
+
+    with pytest.raises(ValueError, match="feedback_func 'short' returned 0 feedback strings"):
+        call_feedback(short, rows, ["p"], ["5"], [[5]])
+    with pytest.raises(ValueError, match="must return strings, got int"):
+        call_feedback(lambda **kwargs: [3], rows, ["p"], ["5"], [[5]])
+
+
+def test_retry_advantages_alone_in_a_group_is_the_improvement():
+    advantages = retry_advantages(
+        ["a", "b"], torch.tensor([0.2, 0.0]), torch.tensor([0.5, math.nan]), [True, True], True
+    )
+    assert advantages == pytest.approx([0.3, 0.0])  # NaN r2 counts as 0
+
+
+def test_the_step_module_imports_neither_trl_nor_transformers():
+    """Neither in its own imports nor through what it imports."""
+    tree = ast.parse(STEP.read_text())
+    imported = {
+        name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        )
+    }
+    assert not imported & {"trl", "transformers", "accelerate", "peft", "unsloth"}, imported
+    code = (
+        "import sys, pipeline.erl.step\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'trl', 'transformers'})\n"
+        "assert not heavy, heavy"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=STEP.parents[2]
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
