@@ -212,19 +212,18 @@ def test_prompts_follow_the_templates_and_keep_the_system_turn():
 
 
 def test_trainer_memory_text_is_the_warmups():
-    """The `{memory}` ERLTrainer writes for a prompt with a stored fix, and without one."""
+    """The `{memory}` the ERL step writes for a prompt with a stored fix, and without one."""
     from pipeline.erl.memory import ReflectionMemory
     from pipeline.erl.prompts import memory_text, prompt_text
-    from pipeline.erl.trainer import ERLTrainer
+    from pipeline.erl.step import ERLStep
 
     row = get_task("arithmetic").generate(2, 1, seed=1)[0]
     args = SimpleNamespace(enable_memory=True, memory_top_k=3, memory_scope="same_prompt")
     memory = ReflectionMemory(5)
     memory.add(prompt_text(row["prompt"]), "2 + 3 = 5.", step=0)
-    fake = SimpleNamespace(args=args, memory=memory)
-    assert ERLTrainer._memory_text(fake, prompt_text(row["prompt"])) == memory_text(["2 + 3 = 5."])
-    empty = SimpleNamespace(args=args, memory=ReflectionMemory(1))
-    assert ERLTrainer._memory_text(empty, "x") == memory_text([])
+    step = ERLStep(args, memory)
+    assert step.memory_for(prompt_text(row["prompt"])) == memory_text(["2 + 3 = 5."])
+    assert ERLStep(args, ReflectionMemory(1)).memory_for("x") == memory_text([])
 
 
 def test_reflection_target_and_bad_style():
