@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from datasets import Dataset, concatenate_datasets
+from feedback_warmup import feedback_rows, rule_rows
 from learning_arms import (
     REFLECTION_TEMPLATE,
     RETRY_TEMPLATE,
@@ -38,7 +39,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from curriculum.tasks import get_task
 from pipeline import ERLConfig, build_tiny_model
-from pipeline.erl.feedback_warmup import feedback_rows, rule_rows
 from pipeline.erl.prompts import memory_text, reflection_prompt, retry_prompt
 from pipeline.evaluate.first_attempts import generate_completions
 from pipeline.run.warmup import reference_dataset, sft_warmup, warmup_config
