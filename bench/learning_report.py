@@ -177,7 +177,7 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
 
     print("\npaired per-seed differences, arm - reference (held-out success; for steps and "
           "tokens to the threshold, reference - arm), mean and 95% CI, per rule and pooled:")  # fmt: skip
-    for arm in arms:
+    for arm in [a for a in arms if a != "grpo"]:  # grpo is every other arm's reference
         for ref in references(arms, arm):
             if ref == arm:
                 continue

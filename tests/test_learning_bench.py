@@ -286,3 +286,56 @@ def test_the_probe_pairs_each_failed_attempt_with_a_fresh_sample(tiny_model_dir)
     rows = gates.probe_rows(arms.make_task(s), s, 24)
     assert len({r["prompt"][-1]["content"] for r in rows}) == 24
     assert all(arms.make_task(s).meta(r)["split"] == "train" for r in rows)
+
+
+def _synthetic_run(seed: int, end: float, tokens_per_step: int) -> dict:
+    """A recorded run: 20 steps whose r1 and held-out success rise linearly to `end`."""
+    steps = [{"step": i, "r1": [end * i / 20] * 8, "tokens": tokens_per_step * i,
+              "seconds": 0.1 * i} for i in range(1, 21)]  # fmt: skip
+    evals = [{"step": i, "tokens": tokens_per_step * i, "success": end * i / 20,
+              "train_success": end * i / 20} for i in (10, 20)]  # fmt: skip
+    return {"seed": seed, "steps": steps, "evals": evals, "retries": [], "memory_tail": []}
+
+
+def test_the_report_prints_per_rule_and_pooled_intervals_and_the_verdict(tmp_path, capsys):
+    """Two rules, every reported arm, 3 seeds: ERL ends 0.2 above both GRPO arms on every
+    seed at equal steps, but at GRPO's token total it is where GRPO is (it generates twice
+    the tokens a step), so the verdict must say it beats GRPO at equal steps only."""
+    opts, s = learning.parse_options(["--steps", "20", "--seeds", "3"])
+    ends = {"grpo": 0.4, "grpo_matched": 0.45, "erl": 0.65, "sdpo_mixed": 0.2, "sdpo_pure": 0.1}
+    tokens = {"grpo": 100, "grpo_matched": 200, "erl": 200, "sdpo_mixed": 100, "sdpo_pure": 100}
+    results, settings = {}, {}
+    for level, rule_seed in opts.rules[:2]:
+        label = f"{level}:{rule_seed}"
+        settings[label] = learning.rule_settings(s, level, rule_seed)
+        results[label] = {
+            arm: [_synthetic_run(seed, end + 0.01 * seed, tokens[arm]) | {"start": {
+                "success": 0.0, "train_success": 0.0}} for seed in range(3)]
+            for arm, end in ends.items()
+        }  # fmt: skip
+    verdict = report.report(results, settings, opts, tmp_path, "synthetic")
+    out = capsys.readouterr().out
+    assert verdict["erl"] == {"beats_grpo_equal_steps": True, "beats_sdpo_equal_steps": True,
+                              "beats_grpo_equal_tokens": False, "beats_sdpo_equal_tokens": True}  # fmt: skip
+    assert "erl - grpo_matched equal_steps pooled: +0.200" in out
+    assert "=== rule 1:11: a#b = a+b+5 ===" in out and "=== rule 1:3: a#b = a+b+1 ===" in out
+    assert "heldout_success_equal_steps[grpo]: 0.410" in out
+    assert (tmp_path / "learning_curves.png").exists()
+
+
+def test_the_sweep_report_picks_each_arms_best_rate(capsys):
+    opts, s = learning.parse_options(["--sweep", "1e-4,3e-4,1e-3", "--steps", "20",
+                                      "--methods", "grpo,erl"])  # fmt: skip
+    best = {"grpo": "0.001", "erl": "0.0003"}
+    results, settings = {}, {}
+    for rate in ("0.0001", "0.0003", "0.001"):
+        label = f"1:0 lr {rate}"
+        settings[label] = learning.rule_settings(s, 1, 0, rate)
+        results[label] = {
+            arm: [_synthetic_run(seed, 0.6 if rate == best[arm] else 0.3, 100)
+                  | {"start": {"success": 0.0}} for seed in (5, 6)]
+            for arm in ("grpo", "erl")
+        }  # fmt: skip
+    chosen = report.sweep_report(results, settings, opts)
+    assert chosen == {"grpo": 1e-3, "erl": 3e-4}
+    assert "best_lr: grpo=0.001,erl=0.0003" in capsys.readouterr().out
