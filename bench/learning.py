@@ -36,8 +36,8 @@ and TRL's SDPOTrainer at its own settings (`sdpo_mixed`, distillation weight 0.5
 successful sibling or, where none succeeded, the feedback on that very rollout).
 `--ablations` and the variants in learning_arms.py add more.
 
-The warm-up never shows the run's symbol (learning_gates.py): no row holds its rule or an
-answer to its questions, and the one warm checkpoint serves every rule.
+The warm-up (learning_gates.py, one per rule) holds no row with the run's rule or an
+answer to its held-out questions (a test checks every rule the bench accepts).
 
 Before the comparison it prints three gates per rule (learning_gates.py), pass/fail:
 a) reflection + retry fix clearly more failed first attempts than a fresh second sample;
@@ -371,10 +371,12 @@ def print_starvation(results: dict[str, list[dict]], steps: int = 10) -> None:
     """Gate c as measured: GRPO's first-attempt success over its first `steps` steps."""
     for method in arms.BASELINES:
         for run in results.get(method, []):
-            r1 = [r for rec in run["steps"][:steps] for r in rec["r1"] if r == r]
+            first = run["steps"][:steps]
+            r1 = [r for rec in first for r in rec["r1"] if r == r]
             rate = sum(r >= 1.0 for r in r1) / max(len(r1), 1)
             print(f"  c) measured: {method} seed {run['seed']}: first-attempt success over "
-                  f"steps 1-{steps} {rate:.4f} ({rate * len(r1) / steps:.1f} per step)")  # fmt: skip
+                  f"steps 1-{len(first)} {rate:.4f} ({rate * len(r1) / max(len(first), 1):.1f} "
+                  "per step)")  # fmt: skip
 
 
 def smollm2_probe(opts, s, out: Path) -> None:
@@ -437,9 +439,11 @@ def main(argv: list[str] | None = None) -> None:
     if opts.reward_model:  # checked before the warm-up (minutes), so a bad path fails at once
         extra["reward_model"] = reward_model_id(opts.reward_model)
         print(f"reward: the learned model {extra['reward_model']} (r1 is its score)")
-    warm, _ = gates.warm_checkpoint(s, out)
-    if opts.warm_only:
-        print(f"warm_checkpoint: {warm}")
+    if opts.warm_only:  # each rule's warm checkpoint (it excludes that rule), then stop
+        rules = opts.tuning_rules if opts.sweep else opts.rules
+        for level, rule_seed in rules:
+            warm, _ = gates.warm_checkpoint(rule_settings(s, level, rule_seed), out)
+            print(f"warm_checkpoint{f' {level}:{rule_seed}' if len(rules) > 1 else ''}: {warm}")
         return
     results: dict[str, dict[str, list[dict]]] = {}  # rule (and rate) -> arm -> runs
     settings = {}
@@ -467,7 +471,7 @@ def run_rule(opts, s, level: int, rule_seed: int, out: Path, work: Path, extra: 
     """One rule's gates and runs: yields (label, settings, {arm: runs}) per learning rate
     (one label, the rule's, outside a sweep; with `--probe`, the probe only)."""
     rs = rule_settings(s, level, rule_seed)
-    warm, warm_key = gates.warm_checkpoint(rs, out)  # for hidden_rule one for every rule
+    warm, warm_key = gates.warm_checkpoint(rs, out)  # one per rule: it excludes the rule
     if opts.probe:
         print(f"\ngate a for rule {rs.rule}:")
         print_probe(cached_probe(warm, warm_key, rs, out, opts))
