@@ -1,46 +1,57 @@
 """Does ERL learn faster than GRPO, and than TRL's SDPO? All arms from one warm checkpoint.
 
-    python bench/learning.py                            # the reported configuration:
-                                                        #   hidden_rule, 5 seeds, grpo,
-                                                        #   grpo_matched, erl, sdpo + gates
-    python bench/learning.py --ablations --seeds 3      # + no memory / internalization /
-                                                        #   reflection, the memory scopes
-    python bench/learning.py --probe                    # gate a only (the warm checkpoint)
+    python bench/learning.py                      # the reported configuration: hidden_rule,
+                                                  #   3 rules x 5 seeds, grpo, grpo_matched,
+                                                  #   erl, sdpo_mixed, sdpo_pure + the gates
+    python bench/learning.py --sweep 2e-4,5e-4,1e-3,2e-3   # the learning-rate sweep: every
+                                                  #   arm at each rate, on the tuning rule and
+                                                  #   seeds the report does not use
+    python bench/learning.py --ablations --seeds 3          # + the ERL ablations
+    python bench/learning.py --probe              # gate a only (the warm checkpoint)
+    python bench/learning.py --probe --base smollm2 --rules 1:11   # gate a on SmolLM2, no
+                                                  #   warm-up
     python bench/learning.py --task arithmetic --warmup_memory same_prompt   # the arithmetic
-                                                        #   comparison (3 seeds, grpo, erl)
-    python bench/learning.py --task arithmetic --methods grpo --steps 300 --reward_model runs/rm
+                                                  #   comparison (3 seeds, grpo, erl)
 
 `--task` picks a preset (every option below it overrides one value of it):
 
-- hidden_rule (the default): `a#b` under a rule the prompt never states (level 1: a+b+k,
-  `--rule_seed` picks k), shared by every prompt, so a lesson carries over; held-out
-  prompts are operand pairs never trained on. Binary reward; the feedback names the
-  error's direction and size ("it is 2 too low"). The regime of the ERL paper's gains.
+- hidden_rule (the default): `a#b` under a rule the prompt never states, shared by every
+  prompt, so a lesson carries over; `--rules LEVEL:RULE_SEED,...` lists the rules (level 1:
+  a+b+k, level 2: a*k+b; the rule seed picks the constants). Operands 0..`--max_operand`;
+  held-out prompts are the operand pairs never trained on (125 at 24). Binary reward; the
+  feedback names the error's direction and size ("it is 2 too low"). The regime of the ERL
+  paper's gains.
 - arithmetic: level-1 sums with a binary reward and the reveal feedback ("The correct answer
   is 8."): each lesson is a fact about one prompt, and the held-out prompts reuse the sums.
 
 What every arm shares (learning_arms.py; a test checks it): the warm checkpoint, the rows
 and their order, the optimizer and ONE learning-rate schedule over `--steps` (constant by
 default for hidden_rule, linear to 0 at `--steps` for arithmetic); `--stop arm=N` cuts an
-arm off early on that schedule. Arms: `grpo` (ERLTrainer with the gate closed, which trains
-exactly like GRPOTrainer), `grpo_matched` (`--matched_generations` per prompt, so a step
-generates about as much as ERL's), `erl`, and `sdpo` (TRL's SDPOTrainer; its teacher is the
-model reprompted with each row's `privileged_context` = the feedback on the warm
-checkpoint's greedy first attempt, `include_environment_feedback=True`, and with a
-successful sibling). `--ablations` and the variants in learning_arms.py add more.
+arm off early on that schedule. What is the arm's own: its peak learning rate, the best of a
+sweep (`--lr`, a preset below names the sweep it came from). Arms: `grpo` (ERLTrainer with
+the gate closed, which trains exactly like GRPOTrainer), `grpo_matched`
+(`--matched_generations` per prompt, so a step generates about as much as ERL's), `erl`,
+and TRL's SDPOTrainer at its own settings (`sdpo_mixed`, distillation weight 0.5;
+`sdpo_pure`, 1.0: logit-level distillation with alpha 0.5, the teacher reprompted with a
+successful sibling or, where none succeeded, the feedback on that very rollout).
+`--ablations` and the variants in learning_arms.py add more.
 
-Before the comparison it prints three gates (learning_gates.py), each with pass/fail:
+The warm-up (learning_gates.py, one per rule) holds no row with the run's rule or an
+answer to its held-out questions (a test checks every rule the bench accepts).
+
+Before the comparison it prints three gates per rule (learning_gates.py), pass/fail:
 a) reflection + retry fix clearly more failed first attempts than a fresh second sample;
 b) SFT on the training prompts' right answers lifts the held-out prompts (capacity);
 c) GRPO is not starved: its first attempts succeed at least once per step on average.
 
-Then: r1 against steps, generated tokens and seconds; steps, tokens and seconds to the
-threshold (the controller's rule: rolling mean of r1 over `--window` first attempts >=
-`--threshold`); held-out greedy success at equal steps and at equal tokens; every seed,
-mean ± sd, paired per-seed differences against GRPO (and SDPO) and whether the gap exceeds
-2 sd of them; r2 against r1 and internalization; a PNG of the curves; and last the
-`name: value` lines, ending with erl_grpo_steps_ratio, erl_grpo_tokens_ratio,
-erl_gap_exceeds_seed_spread and the same three for sdpo. Runs and gates are cached under
+Then, per rule: r1 against steps, generated tokens and seconds; steps, tokens and seconds to
+the threshold (the controller's rule: rolling mean of r1 over `--window` first attempts >=
+`--threshold`); held-out greedy success at equal steps and at equal tokens (GRPO's total)
+for every seed, with means and 95% t-intervals; then, per rule and pooled over the rules,
+every other arm minus each GRPO and SDPO arm (paired by seed) with its 95% t-interval; r2
+against r1; a PNG of the curves; and last the `name: value` lines and the verdict lines:
+whether ERL beats the better of GRPO and grpo_matched, and the better SDPO arm, at equal
+steps and at equal tokens (the pooled interval above 0). Runs and gates are cached under
 `--out` by a hash of everything their result depends on; seconds are taken under whatever
 load the machine had (steps and tokens are not).
 """
@@ -62,18 +73,24 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.erl.memory import MEMORY_SCOPES
+from pipeline.erl.prompts import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
 from pipeline.reward_model.signals import INFO_FILE, add_learned_signals, check_reward_model_specs
 
 PRESETS = {
     "hidden_rule": dict(
-        methods="grpo,grpo_matched,erl,sdpo",
+        methods="grpo,grpo_matched,erl,sdpo_mixed,sdpo_pure",
         seeds=5,
-        level=1,
-        rule_seed=0,
+        # Reported: a+b+5, a+b+1 and a*3+b. Not rule 1:0 (a+b+2), which the old warm-up
+        # leaked and which is now the tuning rule of the sweep.
+        rules="1:11,1:3,2:5",
+        tuning_rules="1:0",
+        sweep_seeds="5,6",
         style="rule",
         reward="binary",
         steps=60,
-        lr=5e-4,
+        # Each arm's best rate from `python bench/learning.py --sweep 2e-4,5e-4,1e-3,2e-3`
+        # (rule 1:0, seeds 5 and 6; the table is in docs/results.md).
+        lr="5e-4",
         lr_scheduler="constant",
         lr_warmup_steps=0,
         batch=64,
@@ -84,12 +101,15 @@ PRESETS = {
         memory_scope="global",
         threshold=0.6,
         window=256,
-        warmup_steps=800,
+        # 2,400: at 800 the warm checkpoint read the rule but could not apply it to two-digit
+        # operands (a retry given the rule itself succeeded 0.13 of the time; 0.29 at 2,400).
+        warmup_steps=2400,
         warmup_lr=3e-3,
         feedback_examples=3000,
         feedback_levels="1",
         reference_examples=0,
         warmup_memory="global",
+        max_operand=24,
         eval_n=0,
         eval_every=5,
     ),
@@ -97,8 +117,11 @@ PRESETS = {
 PRESETS["arithmetic"] = PRESETS["hidden_rule"] | dict(
     methods="grpo,erl",
     seeds=3,
+    rules="1:0",  # level 1 (arithmetic has no rule seed)
+    tuning_rules="",
     style="reveal",
     steps=100,
+    lr="5e-4",
     lr_scheduler="linear",
     matched_generations=24,
     reflection_tokens=12,
@@ -111,12 +134,30 @@ PRESETS["arithmetic"] = PRESETS["hidden_rule"] | dict(
     feedback_examples=6000,
     feedback_levels="2",
     warmup_memory="similar",
+    max_operand=0,
     eval_n=128,
     eval_every=20,
 )
+BASES = ("tiny", "smollm2")
+# SmolLM2 reads the project's default templates (written for real LLMs) and writes longer.
+SMOLLM2_PROBE = dict(
+    templates=(DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT), tokens=(32, 64), batch_size=16
+)
+
+
+def parse_rules(text: str, option: str = "--rules") -> list[tuple[int, int]]:
+    """'1:11,2:5' -> [(1, 11), (2, 5)]: (level, rule_seed) pairs; ValueError on a bad item."""
+    rules = []
+    for item in filter(None, text.split(",")):
+        level, sep, seed = item.partition(":")
+        if not (sep and level.strip().isdigit() and seed.strip().lstrip("-").isdigit()):
+            raise ValueError(f"{option} {text!r}: {item!r} is not LEVEL:RULE_SEED (e.g. 1:11)")
+        rules.append((int(level), int(seed)))
+    return rules
 
 
 def parse_options(argv: list[str] | None = None):
+    """The options and the settings of the first rule (`rule_settings` gives each rule's)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -124,14 +165,16 @@ def parse_options(argv: list[str] | None = None):
     add = parser.add_argument
     add("--methods", help="comma list of arms (learning_arms.py); must include grpo")
     add("--ablations", action="store_true", help="also the ERL ablations")
-    add("--seeds", type=int)
-    add("--level", type=int)
-    add("--rule_seed", type=int, help="hidden_rule: picks the rule (0: a#b = a+b+2)")
+    add("--seeds", type=int, help="seeds 0..N-1, paired across arms")
+    add("--rules", help="LEVEL:RULE_SEED,... (hidden_rule: 1:11 is a#b = a+b+5)")
+    add("--sweep", default="", help="RATE,RATE,...: the learning-rate sweep instead of the report")
+    add("--tuning_rules", help="the sweep's rules (LEVEL:RULE_SEED,...), none of --rules")
+    add("--sweep_seeds", help="the sweep's seeds, none of the report's 0..seeds-1")
     add("--style", choices=sorted(arms.FEEDBACK), help="the feedback ERL reads")
     add("--reward", choices=sorted(arms.REWARDS))
     add("--steps", type=int, help="every arm's max_steps: the one schedule's horizon")
-    add("--stop", default="", help="stop arms early on the same schedule: 'erl=40,sdpo=40'")
-    add("--lr", type=float)
+    add("--stop", default="", help="stop arms early on the same schedule: 'erl=40,sdpo_pure=40'")
+    add("--lr", help="peak learning rate: RATE, or ARM=RATE,... (each arm's best from --sweep)")
     add("--lr_scheduler", choices=("constant", "linear", "cosine"))
     add("--lr_warmup_steps", type=int)
     add("--batch", type=int, help="first attempts per step")
@@ -148,12 +191,17 @@ def parse_options(argv: list[str] | None = None):
     add("--feedback_levels")
     add("--reference_examples", type=int)
     add("--warmup_memory", choices=MEMORY_SCOPES, help="the memory the warm-up rows show")
+    add("--max_operand", type=int, help="hidden_rule's largest operand (0: the level's own)")
     add("--eval_n", type=int, help="held-out prompts (arithmetic; hidden_rule uses every pair)")
     add("--eval_every", type=int)
     add("--hidden", type=int, default=64, help="the tiny model's hidden size")
     add("--layers", type=int, default=2, help="the tiny model's layers")
     add("--out", default=".cache/bench-learning")
-    add("--probe", action="store_true", help="only gate a, on the warm checkpoint")
+    add("--probe", action="store_true", help="only gate a, per rule")
+    add("--base", choices=BASES, default="tiny",
+        help="the probe's model: the warm tiny model, or SmolLM2-135M-Instruct with no warm-up")  # fmt: skip
+    add("--probe_prompts", type=int, default=400, help="gate a's training prompts")
+    add("--probe_temperature", type=float, default=1.0, help="gate a's sampling temperature")
     add("--skip_gates", action="store_true", help="compare without printing the gates")
     add("--warm_only", action="store_true", help="only build the warm checkpoint; print it")
     add("--fresh", action="store_true", help="ignore cached runs")
@@ -164,7 +212,8 @@ def parse_options(argv: list[str] | None = None):
         "folder) instead of the correctness program; held-out success is still correctness",
     )
     opts = parser.parse_args(argv)
-    for name, value in PRESETS[opts.task].items():
+    preset = PRESETS[opts.task]
+    for name, value in preset.items():
         if getattr(opts, name) is None:
             setattr(opts, name, value)
     methods = opts.methods.split(",")
@@ -181,9 +230,59 @@ def parse_options(argv: list[str] | None = None):
             )
         )
     opts.methods = methods
+    try:
+        opts.rules = parse_rules(opts.rules)
+        opts.tuning_rules = parse_rules(opts.tuning_rules, "--tuning_rules")
+        opts.sweep = [float(x) for x in filter(None, opts.sweep.split(","))]
+        opts.sweep_seeds = [int(x) for x in filter(None, str(opts.sweep_seeds).split(","))]
+    except ValueError as err:
+        parser.error(str(err) if "--" in str(err) else f"--sweep / --sweep_seeds: {err}")
+    check_rules(parser, opts)
     fields = {f.name for f in dataclasses.fields(arms.Settings)}
-    settings = arms.Settings(**{k: v for k, v in vars(opts).items() if k in fields})
+    level, rule_seed = (opts.tuning_rules if opts.sweep else opts.rules)[0]
+    values = {k: v for k, v in vars(opts).items() if k in fields}
+    settings = arms.Settings(**values, level=level, rule_seed=rule_seed)
+    try:
+        for method in methods:
+            settings.learning_rate(method)
+        for seed in range(max([opts.seeds, *(s + 1 for s in opts.sweep_seeds)])):
+            arms.train_rows(arms.make_task(settings), settings, seed)
+    except ValueError as err:
+        parser.error(str(err))
     return opts, settings
+
+
+def check_rules(parser, opts) -> None:
+    """One-line errors for rules, sweeps and models the bench cannot run fairly."""
+    if not opts.rules:
+        parser.error("--rules: give at least one LEVEL:RULE_SEED")
+    if opts.base != "tiny" and not opts.probe:
+        parser.error(f"--base {opts.base}: only the probe runs on it (add --probe)")
+    if opts.task == "hidden_rule":
+        levels = {level for level, _ in opts.rules + opts.tuning_rules}
+        if not levels <= set(gates.WARM_LEVELS):
+            parser.error(
+                f"--rules: level(s) {sorted(levels - set(gates.WARM_LEVELS))} are not among "
+                f"the levels the warm-up teaches to read, {list(gates.WARM_LEVELS)}"
+            )
+    if opts.sweep:
+        if len(opts.sweep) < 3:
+            parser.error(f"--sweep {opts.sweep}: give at least 3 learning rates")
+        if not opts.tuning_rules or not opts.sweep_seeds:
+            parser.error("--sweep needs --tuning_rules and --sweep_seeds")
+        if set(opts.tuning_rules) & set(opts.rules):
+            parser.error(f"--tuning_rules {opts.tuning_rules} include a reported rule (--rules)")
+        reported = range(PRESETS[opts.task]["seeds"])
+        if set(opts.sweep_seeds) & set(reported):
+            parser.error(
+                f"--sweep_seeds {opts.sweep_seeds}: the report uses seeds {list(reported)}; "
+                "tune on others"
+            )
+
+
+def rule_settings(s, level: int, rule_seed: int, lr: str | None = None):
+    """The settings of one rule (and, for a sweep, one learning rate)."""
+    return dataclasses.replace(s, level=level, rule_seed=rule_seed, lr=lr or s.lr)
 
 
 # A learned reward model ---------------------------------------------------------------------
@@ -222,39 +321,109 @@ def learned_funcs(task, s, reward_model: str):
 # The gates ----------------------------------------------------------------------------------
 
 
-def print_gates(warm: Path, warm_key: str, s, out: Path) -> dict:
-    """Gates a, b and c, cached per warm checkpoint (they do not depend on the arms)."""
-    key = arms.digest([warm_key, dataclasses.asdict(s) | {"stop": ""}, arms.BENCH_SCHEMA])
-    probe = gates.cached(out / "gates" / f"probe-{key}.json", lambda: gates.probe(warm, s))
-    capacity = gates.cached(
-        out / "gates" / f"capacity-{key}.json", lambda: gates.capacity(warm, s, out)
-    )
-    per_step = probe["first_attempt_success"] * s.batch
-    print("\ngates (before RL, on the warm checkpoint):")
+# Settings that shape the RL runs only, not the gates (which read the warm checkpoint).
+RUN_ONLY = ("steps", "stop", "lr", "lr_scheduler", "lr_warmup_steps", "generations",
+            "matched_generations", "memory_scope", "eval_every")  # fmt: skip
+
+
+def gate_key(warm_key: str, s) -> str:
+    """What a gate depends on: the warm checkpoint and the rule's settings, not the arms'."""
+    settings = {k: v for k, v in dataclasses.asdict(s).items() if k not in RUN_ONLY}
+    return arms.digest([warm_key, settings, arms.BENCH_SCHEMA])
+
+
+def print_probe(probe: dict) -> None:
+    """Gate a's figures, its paired difference and its pass line."""
+    diff = [probe[f"retry_success_after_reflection_minus_fresh{x}"] for x in ("", "_low", "_high")]
     print(f"  a) feedback reading: {probe}")
+    print(f"     retry after reflection - fresh sample, per failed first attempt: {diff[0]:+.3f} "
+          f"95% CI [{diff[1]:+.3f}, {diff[2]:+.3f}] (n {probe['failed_first_attempts']})")  # fmt: skip
     print(f"     passes: {gates.probe_passes(probe)} (retry after reflection >= 2x a fresh "
           "sample and 0.1 above it)")  # fmt: skip
+
+
+def cached_probe(warm: Path, warm_key: str, s, out: Path, opts) -> dict:
+    """Gate a on the warm checkpoint, cached per checkpoint, rule and probe options."""
+    key = f"{gate_key(warm_key, s)}-{opts.probe_prompts}-t{opts.probe_temperature:g}"
+    return gates.cached(out / "gates" / f"probe-{key}.json", gates.probe, warm, s,
+                        opts.probe_prompts, temperature=opts.probe_temperature)  # fmt: skip
+
+
+def print_gates(warm: Path, warm_key: str, s, out: Path, opts) -> dict:
+    """Gates a, b and c of one rule, cached per warm checkpoint and rule."""
+    key = gate_key(warm_key, s)
+    probe = cached_probe(warm, warm_key, s, out, opts)
+    capacity = gates.cached(out / "gates" / f"capacity-{key}.json", gates.capacity, warm, s, out)
+    per_step = probe["first_attempt_success"] * s.batch
+    print(f"\ngates for rule {s.rule} (before RL, on the warm checkpoint):")
+    print_probe(probe)
     print(f"  b) capacity: {capacity}")
     print(f"     passes: {gates.capacity_passes(capacity)} (held-out after SFT >= 0.5, and "
           ">= 0.25 above before)")  # fmt: skip
     print(f"  c) GRPO not starved: sampled first-attempt success {probe['first_attempt_success']:.4f}"
           f" = {per_step:.2f} successes per {s.batch}-completion step; passes: {per_step >= 1}")  # fmt: skip
     for name, value in probe.items():
-        print(f"probe_{name}: {value:.3f}")
+        print(f"probe_{name}[{s.rule}]: {value:.3f}")
     return {"probe": probe, "capacity": capacity, "c": per_step}
 
 
 def print_starvation(results: dict[str, list[dict]], steps: int = 10) -> None:
     """Gate c as measured: GRPO's first-attempt success over its first `steps` steps."""
-    for method in ("grpo", "grpo_matched"):
+    for method in arms.BASELINES:
         for run in results.get(method, []):
-            r1 = [r for rec in run["steps"][:steps] for r in rec["r1"] if r == r]
+            first = run["steps"][:steps]
+            r1 = [r for rec in first for r in rec["r1"] if r == r]
             rate = sum(r >= 1.0 for r in r1) / max(len(r1), 1)
             print(f"  c) measured: {method} seed {run['seed']}: first-attempt success over "
-                  f"steps 1-{steps} {rate:.4f} ({rate * len(r1) / steps:.1f} per step)")  # fmt: skip
+                  f"steps 1-{len(first)} {rate:.4f} ({rate * len(r1) / max(len(first), 1):.1f} "
+                  "per step)")  # fmt: skip
+
+
+def smollm2_probe(opts, s, out: Path) -> None:
+    """Gate a on SmolLM2-135M-Instruct as it ships (no warm-up), per rule, cached."""
+    from pipeline.models.smollm2 import STAMP, build_smollm2
+
+    folder = Path(build_smollm2(str(out.parent / "smollm2")))
+    for level, rule_seed in opts.rules:
+        rs = rule_settings(s, level, rule_seed)
+        settings = SMOLLM2_PROBE | {"temperature": opts.probe_temperature}
+        key = gate_key((folder / STAMP).read_text(), rs) + arms.digest(
+            [settings, opts.probe_prompts]
+        )
+        begin = time.perf_counter()
+        probe = gates.cached(
+            out / "gates" / f"probe-smollm2-{key}.json",
+            gates.probe, folder, rs, opts.probe_prompts, **settings,
+        )  # fmt: skip
+        print(f"\ngate a on SmolLM2-135M-Instruct, no warm-up, rule {rs.rule} "
+              f"({arms.make_task(rs).rule_text(level)}), {opts.probe_prompts} prompts, "
+              f"temperature {opts.probe_temperature}, {time.perf_counter() - begin:.0f} s:")  # fmt: skip
+        print_probe(probe)
+        for name, value in probe.items():
+            print(f"smollm2_probe_{name}[{rs.rule}]: {value:.3f}")
 
 
 # The runs -----------------------------------------------------------------------------------
+
+
+def run_arm(method: str, seed: int, s, warm: Path, warm_key: str, work: Path, out: Path,
+            funcs, extra: dict, fresh: bool) -> dict:  # fmt: skip
+    """One arm's run for one seed: from the cache, or trained and stored atomically."""
+    task = arms.make_task(s)
+    weights = (funcs or arms.make_funcs(task, s))[1]
+    config = arms.arm_config(method, s, "unused", seed, reward_weights=weights)
+    key = arms.run_key(method, seed, s, warm_key, config, arms.train_rows(task, s, seed), extra)
+    path = out / "runs" / f"{method}-r{s.rule.replace(':', '_')}-s{seed}-{key}.json"
+    if path.exists() and not fresh:
+        return json.loads(path.read_text())
+    begin = time.perf_counter()
+    run = arms.train_one(method, seed, warm, s, work, funcs)
+    print(f"{method} rule {s.rule} seed {seed} lr {s.learning_rate(method):g}: "
+          f"{time.perf_counter() - begin:.0f} s", flush=True)  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".tmp").write_text(json.dumps(run))
+    path.with_suffix(".tmp").replace(path)
+    return run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -263,64 +432,67 @@ def main(argv: list[str] | None = None) -> None:
     started, cpu_started = time.perf_counter(), time.process_time()
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    task = arms.make_task(s)
-    funcs, extra = None, {}
+    if opts.probe and opts.base == "smollm2":
+        smollm2_probe(opts, s, out)
+        return
+    extra = {}
     if opts.reward_model:  # checked before the warm-up (minutes), so a bad path fails at once
         extra["reward_model"] = reward_model_id(opts.reward_model)
-        funcs = learned_funcs(task, s, opts.reward_model)
         print(f"reward: the learned model {extra['reward_model']} (r1 is its score)")
-    warm, warm_key = gates.warm_checkpoint(s, out)
-    if opts.warm_only:
-        print(f"warm_checkpoint: {warm}")
+    if opts.warm_only:  # each rule's warm checkpoint (it excludes that rule), then stop
+        rules = opts.tuning_rules if opts.sweep else opts.rules
+        for level, rule_seed in rules:
+            warm, _ = gates.warm_checkpoint(rule_settings(s, level, rule_seed), out)
+            print(f"warm_checkpoint{f' {level}:{rule_seed}' if len(rules) > 1 else ''}: {warm}")
         return
-    if opts.probe:
-        for name, value in gates.probe(warm, s).items():
-            print(f"probe_{name}: {value:.3f}")
-        return
-    if not opts.skip_gates:
-        print_gates(warm, warm_key, s, out)
-    evaluate = arms.held_out(task, AutoTokenizer.from_pretrained(warm), s)
-    start = gates.cached(
-        out / "gates" / f"start-{arms.digest([warm_key, dataclasses.asdict(s)])}.json",
-        lambda: evaluate(AutoModelForCausalLM.from_pretrained(warm)),
-    )
-    all_rows = [r for seed in range(opts.seeds) for r in arms.train_rows(task, s, seed)]
-    contexts = {}
-    for kind in {arms.ALL_ARMS[m].context for m in opts.methods} - {""}:
-        contexts[kind] = gates.sdpo_contexts(warm, s, kind, all_rows)
-        example = next(iter(contexts[kind].items()))
-        print(f"sdpo privileged_context ({kind}), e.g. {example}")
-    results: dict[str, list[dict]] = {}
+    results: dict[str, dict[str, list[dict]]] = {}  # rule (and rate) -> arm -> runs
+    settings = {}
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as work:
-        for seed in range(opts.seeds):
-            rows = arms.train_rows(task, s, seed)
-            for method in opts.methods:
-                spec = arms.ALL_ARMS[method]
-                config = arms.arm_config(method, s, "unused", seed, reward_weights=(funcs or arms.make_funcs(task, s))[1])  # fmt: skip
-                run_extra = extra | ({"contexts": contexts[spec.context]} if spec.context else {})
-                key = arms.run_key(method, seed, s, warm_key, config, rows, run_extra)
-                path = out / "runs" / f"{method}-s{seed}-{key}.json"
-                if path.exists() and not opts.fresh:
-                    run = json.loads(path.read_text())
-                else:
-                    begin = time.perf_counter()
-                    run = arms.train_one(
-                        method, seed, warm, s, Path(work), funcs, contexts.get(spec.context)
-                    )
-                    print(f"{method} seed {seed}: {time.perf_counter() - begin:.0f} s", flush=True)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.with_suffix(".tmp").write_text(json.dumps(run))
-                    path.with_suffix(".tmp").replace(path)
-                run["start"] = start
-                results.setdefault(method, []).append(run)
-    if not opts.skip_gates:
-        print_starvation(results)
+        for level, rule_seed in opts.tuning_rules if opts.sweep else opts.rules:
+            for label, rs, runs in run_rule(opts, s, level, rule_seed, out, Path(work), extra):
+                settings[label], results[label] = rs, runs
+    if opts.probe:
+        return
+    if not (opts.skip_gates or opts.sweep):
+        for label, runs in results.items():
+            print(f"\nrule {label}:")
+            print_starvation(runs)
     # With one torch thread the CPU time is about the wall time on an idle machine; both
     # count only what this invocation computed (cached runs and warm-ups cost nothing).
     print(f"\nbench_seconds: {time.perf_counter() - started:.0f}")
     print(f"bench_cpu_seconds: {time.process_time() - cpu_started:.0f}")
-    title = f"{s.task} level {s.level}, {s.reward} reward"
-    learning_report.report(results, opts, s, out, title)
+    if opts.sweep:
+        learning_report.sweep_report(results, settings, opts)
+        return
+    learning_report.report(results, settings, opts, out, f"{s.task}, {s.reward} reward")
+
+
+def run_rule(opts, s, level: int, rule_seed: int, out: Path, work: Path, extra: dict):
+    """One rule's gates and runs: yields (label, settings, {arm: runs}) per learning rate
+    (one label, the rule's, outside a sweep; with `--probe`, the probe only)."""
+    rs = rule_settings(s, level, rule_seed)
+    warm, warm_key = gates.warm_checkpoint(rs, out)  # one per rule: it excludes the rule
+    if opts.probe:
+        print(f"\ngate a for rule {rs.rule}:")
+        print_probe(cached_probe(warm, warm_key, rs, out, opts))
+        return
+    if not (opts.skip_gates or opts.sweep):
+        print_gates(warm, warm_key, rs, out, opts)
+    task = arms.make_task(rs)
+    funcs = learned_funcs(task, rs, opts.reward_model) if opts.reward_model else None
+    evaluate = arms.held_out(task, AutoTokenizer.from_pretrained(warm), rs)
+    start = gates.cached(
+        out / "gates" / f"start-{gate_key(warm_key, rs)}.json",
+        evaluate, AutoModelForCausalLM.from_pretrained(warm),
+    )  # fmt: skip
+    for rate in [f"{rate:g}" for rate in opts.sweep] or [s.lr]:
+        rs = rule_settings(s, level, rule_seed, rate)
+        runs: dict[str, list[dict]] = {}
+        for seed in opts.sweep_seeds if opts.sweep else range(opts.seeds):
+            for method in opts.methods:
+                run = run_arm(method, seed, rs, warm, warm_key, work, out, funcs, extra, opts.fresh)
+                runs.setdefault(method, []).append(run | {"start": start})
+        yield (f"{rs.rule} lr {rate}" if opts.sweep else rs.rule), rs, runs
 
 
 if __name__ == "__main__":

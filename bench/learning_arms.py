@@ -2,16 +2,22 @@
 
 Every arm of a comparison trains from one warm checkpoint on the same rows in the same
 order, with the same optimizer and learning-rate schedule (`common_args`: the schedule's
-horizon is `--steps` for every arm; an arm stopped early with `--stop` keeps the schedule
-and is cut off). `tests/test_learning_bench.py` builds every arm's config and steps the
-schedulers to check it. A run's cache key hashes everything its result depends on
-(`run_key`), and the warm checkpoint's key hashes its data and its SFT config.
+shape and horizon, `--steps`, are every arm's; an arm stopped early with `--stop` keeps the
+schedule and is cut off). Only the peak learning rate is the arm's own: each arm runs at
+its best rate from a sweep (`Settings.learning_rate`). `tests/test_learning_bench.py`
+builds every arm's config and steps the schedulers to check it. A run's cache key hashes
+everything its result depends on (`run_key`), and the warm checkpoint's key hashes its
+data and its SFT config.
+
+A new arm is one line in `ARMS`, `ABLATIONS` or `VARIANTS`: the trainer, its options, and
+`lr_from`, the swept arm whose learning rate it takes until it is swept itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -39,7 +45,7 @@ from pipeline.evaluate.first_attempts import (  # noqa: E402
 )
 from rewards import Scorer, build_feedback_func, build_reward_funcs  # noqa: E402
 
-BENCH_SCHEMA = 2
+BENCH_SCHEMA = 3
 """Part of every cache key: bump it on any change to how a run trains or what it records."""
 
 # Short templates: the tiny model reads these; the defaults are written for real LLMs.
@@ -66,48 +72,97 @@ class Arm:
     trainer: str = "erl"  # "erl" | "sdpo"
     overrides: tuple = ()  # ERLConfig (or SDPOConfig) options, as sorted (name, value) pairs
     matched: bool = False  # --matched_generations completions per prompt, same prompts/step
-    context: str = ""  # SDPO's privileged_context: "feedback", "rule" or "" (none)
+    # SDPO's privileged context: "feedback" (each rollout's own feedback, the text ERL reads
+    # for it), "rule" (the rule itself, the same for every row: a bound) or "" (none).
+    context: str = ""
+    lr_from: str = ""  # the swept arm whose learning rate this one takes (until swept itself)
 
 
-def arm(trainer: str = "erl", matched: bool = False, context: str = "", **overrides) -> Arm:
-    return Arm(trainer, tuple(sorted(overrides.items())), matched, context)
+def arm(
+    trainer: str = "erl", matched: bool = False, context: str = "", lr_from: str = "", **overrides
+) -> Arm:
+    """An `Arm`; keyword options go to its trainer's config."""
+    return Arm(trainer, tuple(sorted(overrides.items())), matched, context, lr_from)
 
 
 GRPO_GATE = {"reward_threshold": -1.0}  # every reward is >= -0.5: the gate stays closed
+# SDPO at its own settings: TRL 1.15's SDPOConfig defaults (EMA teacher at rate 0.05,
+# importance-sampling clip 2, no reprompt on a rollout's own success) plus what the SDPO
+# authors' configuration sets (lasgroup/SDPO, verl/trainer/config/actor/actor.yaml):
+# logit-level distillation with alpha 0.5 (their top-100 logits plus a tail bucket; at the
+# tiny model's 512-token vocabulary the full logits cost little, so they are exact here),
+# environment feedback, used only where no sibling succeeded.
+SDPO = dict(
+    distillation_mode="full_logits",
+    distillation_alpha=0.5,
+    include_environment_feedback=True,
+    environment_feedback_only_without_solution=True,
+)
 ARMS = {
     "grpo": arm(**GRPO_GATE),  # ERLTrainer with the gate closed trains exactly like GRPO
     "grpo_matched": arm(matched=True, **GRPO_GATE),  # as many tokens per step as ERL
     "erl": arm(),
-    # TRL's SDPO: the teacher is the model reprompted with the row's privileged_context
-    # (the feedback on the warm checkpoint's greedy first attempt) and a successful sibling.
-    "sdpo": arm("sdpo", context="feedback", include_environment_feedback=True),
+    # TRL's SDPOTrainer; its teacher is the model reprompted with a successful sibling or,
+    # where none succeeded, the feedback on that very rollout. Mixed: half policy gradient.
+    "sdpo_mixed": arm("sdpo", context="feedback", distillation_weight=0.5, **SDPO),
+    "sdpo_pure": arm("sdpo", context="feedback", distillation_weight=1.0, **SDPO),
 }
 ABLATIONS = {
-    "erl_no_memory": arm(enable_memory=False),
-    "erl_no_internalization": arm(enable_internalization=False),
-    "erl_no_reflection": arm(enable_reflection=False),  # the retry reads the raw feedback
-    "erl_global": arm(memory_scope="global"),
-    "erl_same_prompt": arm(memory_scope="same_prompt"),
-    "erl_similar": arm(memory_scope="similar"),
+    "erl_no_memory": arm(enable_memory=False, lr_from="erl"),
+    "erl_no_internalization": arm(enable_internalization=False, lr_from="erl"),
+    # the retry reads the raw feedback
+    "erl_no_reflection": arm(enable_reflection=False, lr_from="erl"),
+    "erl_global": arm(memory_scope="global", lr_from="erl"),
+    "erl_same_prompt": arm(memory_scope="same_prompt", lr_from="erl"),
+    "erl_similar": arm(memory_scope="similar", lr_from="erl"),
 }
 VARIANTS = {  # further arms: docs/log.md has what each measured
     # A second sample of the original prompt: the retry template drops the reflection (still
     # generated, one token long, and trained with the retry's advantage). It was called
     # erl_no_reflection before the raw-feedback ablation existed.
-    "erl_second_sample": arm(retry_system_prompt="{prompt}", reflection_max_completion_length=1),
-    "erl_untrained_retries": arm(train_retries=False),
-    "erl_improvement": arm(retry_advantage="improvement"),
-    "erl_per_part": arm(loss_normalization="per_part"),
-    "erl_coef3": arm(internalization_coef=3.0),
-    "erl_nomem_coef10": arm(enable_memory=False, internalization_coef=10.0),
-    "erl_untrained_retries_coef10": arm(train_retries=False, internalization_coef=10.0),
-    "sdpo_sibling": arm("sdpo", include_environment_feedback=False),  # the floor
-    "sdpo_rule": arm("sdpo", context="rule", include_environment_feedback=True),  # a bound
-    "sdpo_mixed": arm(
-        "sdpo", context="feedback", include_environment_feedback=True, distillation_weight=0.5
+    "erl_second_sample": arm(
+        retry_system_prompt="{prompt}", reflection_max_completion_length=1, lr_from="erl"
     ),
+    "erl_untrained_retries": arm(train_retries=False, lr_from="erl"),
+    "erl_improvement": arm(retry_advantage="improvement", lr_from="erl"),
+    "erl_per_part": arm(loss_normalization="per_part", lr_from="erl"),
+    "erl_coef3": arm(internalization_coef=3.0, lr_from="erl"),
+    "erl_nomem_coef10": arm(enable_memory=False, internalization_coef=10.0, lr_from="erl"),
+    "erl_untrained_retries_coef10": arm(
+        train_retries=False, internalization_coef=10.0, lr_from="erl"
+    ),
+    # SDPO's floor (successful siblings only) and a bound (the rule as every row's context)
+    "sdpo_sibling": arm(
+        "sdpo",
+        distillation_weight=0.5,
+        lr_from="sdpo_mixed",
+        **SDPO | {"include_environment_feedback": False},
+    ),
+    "sdpo_rule": arm("sdpo", context="rule", distillation_weight=0.5, lr_from="sdpo_mixed", **SDPO),
 }
 ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS}
+BASELINES = ("grpo", "grpo_matched")
+"""The GRPO arms: the verdict compares every other ERLTrainer arm with the better of them."""
+
+
+def is_sdpo(name: str) -> bool:
+    """Whether arm `name` trains with TRL's SDPOTrainer."""
+    return ALL_ARMS[name].trainer == "sdpo"
+
+
+def parse_rates(text: str) -> dict[str, float]:
+    """`--lr`: "5e-4" (every arm) or "grpo=5e-4,erl=1e-3,..." (a bare rate is the default
+    of arms not named). ValueError naming the item that is not a rate."""
+    rates = {}
+    for item in filter(None, str(text).split(",")):
+        name, _, value = item.rpartition("=")
+        try:
+            rates[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--lr {text!r}: {item!r} is not RATE or ARM=RATE") from None
+        if name.strip() and name.strip() not in ALL_ARMS:
+            raise ValueError(f"--lr {text!r}: unknown arm {name.strip()!r}")
+    return rates
 
 
 @dataclass(frozen=True)
@@ -120,7 +175,7 @@ class Settings:
     style: str
     reward: str
     steps: int  # every arm's max_steps: the horizon of the one schedule
-    lr: float
+    lr: str  # the arms' peak learning rates (parse_rates): one, or each arm's best from a sweep
     lr_scheduler: str
     lr_warmup_steps: int
     batch: int  # first attempts per step
@@ -137,6 +192,7 @@ class Settings:
     warmup_memory: str
     hidden: int
     layers: int
+    max_operand: int  # hidden_rule's operands run 0..max_operand (0: the level's own)
     eval_n: int
     eval_every: int
     stop: str = ""  # "arm=step,...": stop those arms early, on the same schedule
@@ -144,6 +200,24 @@ class Settings:
     @property
     def prompts_per_step(self) -> int:
         return self.batch // self.generations
+
+    @property
+    def rule(self) -> str:
+        """The rule's label, 'level:rule_seed' (what `--rules` lists)."""
+        return f"{self.level}:{self.rule_seed}"
+
+    def learning_rate(self, name: str) -> float:
+        """Arm `name`'s peak learning rate: its own, its `lr_from` arm's, or the default."""
+        rates = parse_rates(self.lr)
+        for key in (name, ALL_ARMS[name].lr_from):
+            if key and key in rates:
+                return rates[key]
+        if "" in rates:
+            return rates[""]
+        raise ValueError(
+            f"--lr {self.lr!r} gives arm {name!r} no learning rate: add {name}=RATE "
+            f"(sweep it first: --sweep RATE,RATE,RATE --methods grpo,{name})"
+        )
 
     def stop_at(self, name: str) -> int:
         """The step at which arm `name` stops (the horizon unless --stop says earlier)."""
@@ -158,8 +232,9 @@ class Settings:
 
 
 def make_task(s: Settings, **config):
+    """The task of settings `s` (hidden_rule: its rule and operands)."""
     if s.task == "hidden_rule":
-        return get_task("hidden_rule", rule_seed=s.rule_seed, **config)
+        return get_task("hidden_rule", rule_seed=s.rule_seed, max_operand=s.max_operand, **config)
     return get_task(s.task, reveal_answer=s.style == "reveal", **config)
 
 
@@ -171,14 +246,21 @@ def make_funcs(task, s: Settings):
 
 
 def train_rows(task, s: Settings, seed: int) -> list[dict]:
-    """The rows of one seed, the same for every arm: seeds stay below the held-out ones."""
-    return task.generate(s.level, s.steps * s.prompts_per_step, seed=100_000 * (seed + 1))
+    """The rows of one seed, the same for every arm, drawn below the held-out seeds."""
+    from curriculum.tasks.hidden_rule import HELD_OUT_SEED_BASE
+
+    n, base = s.steps * s.prompts_per_step, 100_000 * (seed + 1)
+    if not 0 <= seed or base + n > HELD_OUT_SEED_BASE:
+        raise ValueError(
+            f"seed {seed}: its {n} training rows would reach the held-out seeds "
+            f"({HELD_OUT_SEED_BASE}); use seeds 0..{HELD_OUT_SEED_BASE // 100_000 - 2}"
+        )
+    return task.generate(s.level, n, seed=base)
 
 
 # One schedule and optimizer for every arm -------------------------------------------------
 
 SCHEDULE_FIELDS = (
-    "learning_rate",
     "lr_scheduler_type",
     "lr_scheduler_kwargs",
     "warmup_steps",
@@ -193,17 +275,18 @@ SCHEDULE_FIELDS = (
     "gradient_accumulation_steps",
     "temperature",
 )
-"""The options a test compares across the arms of a comparison (and then steps)."""
+"""The options a test compares across the arms of a comparison (and then steps); the peak
+`learning_rate` is each arm's own."""
 
 
-def common_args(s: Settings, output_dir: str, seed: int) -> dict[str, Any]:
+def common_args(s: Settings, output_dir: str, seed: int, learning_rate: float) -> dict[str, Any]:
     """What every arm's config holds alike: the schedule, the optimizer, the sampling, the
-    device. Set explicitly, so that no arm inherits another default (ERLConfig and
-    SDPOConfig have different learning-rate defaults, for one)."""
+    device; and the arm's peak `learning_rate`. Set explicitly, so that no arm inherits
+    another default (ERLConfig and SDPOConfig have different learning-rate defaults)."""
     return dict(
         output_dir=output_dir,
         max_steps=s.steps,
-        learning_rate=s.lr,
+        learning_rate=learning_rate,
         lr_scheduler_type=s.lr_scheduler,
         warmup_steps=s.lr_warmup_steps,
         optim="adamw_torch_fused",  # the transformers default the earlier runs had
@@ -229,7 +312,7 @@ def arm_config(name: str, s: Settings, output_dir: str, seed: int, reward_weight
     """The trainer config arm `name` trains with (ERLConfig, or SDPOConfig for SDPO)."""
     spec = ALL_ARMS[name]
     generations = s.matched_generations if spec.matched else s.generations
-    settings = common_args(s, output_dir, seed) | dict(
+    settings = common_args(s, output_dir, seed, s.learning_rate(name)) | dict(
         per_device_train_batch_size=s.prompts_per_step * generations,
         num_generations=generations,
         reward_weights=reward_weights,
@@ -307,15 +390,35 @@ class CountingERL(ERLTrainer):
 
 def counting_sdpo():
     """SDPOTrainer that counts its generated tokens and keeps its first attempts' rewards,
-    as CountingERL does (built on first use: trl.experimental warns on import)."""
+    as CountingERL does, and that can give the teacher each rollout's own feedback (built
+    on first use: trl.experimental warns on import).
+
+    Per-rollout feedback: TRL 1.15 takes one `privileged_context` per dataset row, fixed
+    before training, and shows it to every rollout of the prompt. Given
+    `rollout_feedback=feedback_func`, the trainer instead scores each rollout's feedback
+    with that function (the text ERL's reflection reads for it) right after its reward,
+    empty for a rollout that succeeded (ERL reflects only on failures), and hands those
+    texts to TRL's own teacher-prompt builder in place of the dataset's column. Everything
+    else (which sibling is shown, `environment_feedback_only_without_solution`, the
+    templates) stays TRL's."""
     from trl.experimental.sdpo import SDPOTrainer
+    from trl.experimental.sdpo.sdpo_trainer import SuccessfulRolloutTeacherContextBuilder
+
+    class RolloutFeedbackTeacher(SuccessfulRolloutTeacherContextBuilder):
+        """TRL's teacher-prompt builder, fed the feedback on each rollout."""
+
+        def build(self, output, prompts, rewards, feedbacks=None):
+            return super().build(output, prompts, rewards, self.trainer.pop_rollout_feedback())
 
     class CountingSDPO(SDPOTrainer):
         generated_tokens = 0
 
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args, rollout_feedback=None, **kwargs):
             super().__init__(*args, **kwargs)
             self._first_attempt_log: list[tuple[float, dict]] = []
+            self.rollout_feedback, self._feedback = rollout_feedback, None
+            if rollout_feedback is not None:
+                self.teacher_context_builder = RolloutFeedbackTeacher(self)
 
         def _generate(self, prompt_ids):
             prompt_ids, completion_ids = super()._generate(prompt_ids)
@@ -325,11 +428,27 @@ def counting_sdpo():
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            weights = self.reward_weights.to(rewards.device).unsqueeze(0)
+            start = self.accelerator.process_index * len(prompts)  # rewards are gathered
+            total = (rewards * weights).nansum(dim=1)[start : start + len(prompts)].tolist()
             if self.model.training:
-                weights = self.reward_weights.to(rewards.device).unsqueeze(0)
-                total = (rewards * weights).nansum(dim=1).tolist()
                 self._first_attempt_log.extend(zip(total, inputs))
+            if self.rollout_feedback is not None:
+                columns = {
+                    k: [row[k] for row in inputs]
+                    for k in inputs[0]
+                    if k not in ("prompt", "completion", "completion_ids")
+                }
+                texts = self.rollout_feedback(prompts=prompts, completions=completions, **columns)
+                threshold = self.args.success_reward_threshold
+                self._feedback = ["" if r >= threshold else t for r, t in zip(total, texts)]
             return rewards
+
+        def pop_rollout_feedback(self) -> list[str]:
+            feedback, self._feedback = self._feedback, None
+            if feedback is None:
+                raise RuntimeError("no rollout feedback: the rewards were not scored first")
+            return feedback
 
         def pop_first_attempts(self):
             log, self._first_attempt_log = self._first_attempt_log, []
@@ -393,11 +512,14 @@ class Recorder(TrainerCallback):
 
 def held_out(task, tokenizer, s: Settings):
     """The evaluation: greedy first attempts, no reflection. hidden_rule: every held-out
-    operand pair (and, to tell transfer from memorisation, every training pair); other
-    tasks: `eval_n` prompts from the held-out seeds."""
+    operand pair (and, to tell transfer from memorisation, as many training pairs, a fixed
+    sample); other tasks: `eval_n` prompts from the held-out seeds."""
     if s.task == "hidden_rule":
         splits = {"success": task.pair_rows(s.level, "held_out")}
-        splits["train_success"] = task.pair_rows(s.level, "train")
+        train = task.pair_rows(s.level, "train")
+        splits["train_success"] = random.Random(0).sample(
+            train, min(len(train), len(splits["success"]))
+        )
 
         def evaluate(model) -> dict[str, float]:
             out = {}
@@ -427,13 +549,11 @@ def train_one(
     s: Settings,
     work: Path,
     funcs=None,
-    contexts: dict[str, str] | None = None,
 ) -> dict:
     """Train arm `name` for one seed from the warm checkpoint; returns its record.
 
     `funcs`: (reward_funcs, weights, feedback_func) to train on instead of the task's (a
-    learned reward model); the evaluation still checks the task's correctness. `contexts`:
-    prompt text -> SDPO's privileged_context."""
+    learned reward model); the evaluation still checks the task's correctness."""
     torch.manual_seed(seed)
     spec = ALL_ARMS[name]
     task = make_task(s)
@@ -443,14 +563,15 @@ def train_one(
     rows = train_rows(task, s, seed)
     args = arm_config(name, s, str(work / f"{name}-{seed}"), seed, reward_weights=weights)
     if spec.trainer == "sdpo":
-        if spec.context:
-            rows = [r | {"privileged_context": contexts[r["prompt"][-1]["content"]]} for r in rows]
+        if spec.context == "rule":
+            rows = [r | {"privileged_context": task.rule_text(s.level)} for r in rows]
         trainer = counting_sdpo()(
             model=model,
             args=args,
             train_dataset=Dataset.from_list(rows),
             reward_funcs=reward_funcs,
             processing_class=tokenizer,
+            rollout_feedback=feedback_func if spec.context == "feedback" else None,
         )
     else:
         trainer = CountingERL(

@@ -3,8 +3,11 @@ from, and the checks that must pass before a comparison counts.
 
 - The warm-up (SFT, once per setting) teaches reading feedback, never the run's answers:
   arithmetic: `feedback_rows` at `--feedback_levels`; hidden_rule: plain a+b, the "+" reading
-  of an unknown operation, `rule_rows` over many symbols and constants, and SDPO's teacher
-  prompt with the same feedback, so that both ways of using feedback start able to read it.
+  of an unknown operation, `rule_rows` over the rules of both warm levels (a+b+k, a*k+b)
+  but the run's, and SDPO's teacher prompt with the same feedback, so that both ways
+  of using feedback start able to read it. No hidden_rule warm-up row holds the run's rule
+  or an answer to one of its held-out questions (`warmup_leaks` counts them; a test runs
+  it for every rule the bench accepts), and the "+" prior is the same for every rule.
 - Gate a (`--probe`): before RL, a reflection + retry fixes clearly more failed first
   attempts than a fresh second sample (and SDPO's teacher prompt than the plain prompt).
 - Gate b (capacity): SFT on the training prompts' right answers lifts the held-out prompts.
@@ -17,6 +20,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import statistics
 import tempfile
@@ -24,6 +28,7 @@ import time
 from pathlib import Path
 
 from datasets import Dataset, concatenate_datasets
+from feedback_warmup import feedback_rows, rule_rows
 from learning_arms import (
     REFLECTION_TEMPLATE,
     RETRY_TEMPLATE,
@@ -34,21 +39,28 @@ from learning_arms import (
     make_funcs,
     make_task,
 )
+from learning_stats import paired
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from curriculum.tasks import get_task
 from pipeline import ERLConfig, build_tiny_model
-from pipeline.erl.feedback_warmup import feedback_rows, rule_rows
 from pipeline.erl.prompts import memory_text, reflection_prompt, retry_prompt
 from pipeline.evaluate.first_attempts import generate_completions
 from pipeline.run.warmup import reference_dataset, sft_warmup, warmup_config
 
-WARM_SYMBOLS = ("@", "$", "&", "%", "~", "#")  # the run's '#' too: its rule never is
+# The decoys' symbols, the run's '#' among them: with every rule but the run's, and only on
+# the run's training pairs, so that the model learns to write and read rules for '#' (with
+# only other symbols, its reflections on '#' prompts named one of those: 'a~b = a+b+5').
+WARM_SYMBOLS = ("@", "$", "&", "%", "~", "#")
+WARM_LEVELS = (1, 2)  # the rule forms the warm-up teaches to read: a+b+k and a*k+b
 WARM_BATCH = 64
-# The share of "+"-prior rows whose answer is a+b+j for a random j in 1..5: a prior that is
-# not a point mass, so that first attempts at a+b+2 succeed a few percent of the time and
-# GRPO is not starved (with a pure a+b prior they succeeded 0.2% of the time: docs/log.md).
-PRIOR_NOISE = 0.2
+# The prior on unhinted questions, the same for every rule: an unknown operation read as
+# a+b, or, for a share PRIOR_NOISE of the rows, as a random rule of a warm level (the
+# decoy's own). A prior that is not a point mass, so that first attempts at any rule of the
+# family succeed now and then and GRPO is not starved. At 0.2 with a+b+j (j in 1..5) only,
+# the 2,400-step warm-up's first attempts at a+b+5 succeeded 0.005 of the time (0.3 a
+# step: starved); 0.5 over both levels' rules was set before any reported rule was run.
+PRIOR_NOISE = 0.5
 
 
 def _sdpo_templates() -> dict[str, str]:
@@ -113,48 +125,102 @@ def warm_dataset(s: Settings) -> Dataset:
 
 
 def _hidden_rule_rows(task, s: Settings, reward_funcs, weights, feedback_func) -> Dataset:
-    """Level-1 feedback reading over many rules: `feedback_examples` (reflection, retry) pairs
-    from `rule_rows`, half as many SDPO teacher rows, a third each of plain a+b and of the
-    "+" reading of an unknown operation (the prior a real LLM brings: first attempts at
-    `3#4` say 7, and the feedback's "2 too low" is then the constant). No row is a first
-    attempt at the run's rule."""
+    """Feedback reading over many rules: `feedback_examples` (reflection, retry) pairs from
+    `rule_rows`, half as many SDPO teacher rows, a third each of plain a+b and of the prior
+    on unhinted questions (`prior_rows`: mostly the "+" reading a real LLM brings, so first
+    attempts at `3@4` say 7, and the feedback's "2 too low" is then the constant).
+
+    A decoy is a symbol of WARM_SYMBOLS, a level of WARM_LEVELS and a rule of that level,
+    never the run's own (its symbol with its rule); under the run's symbol it poses only
+    the run's training questions, never a held-out one. So no row states the run's rule or
+    answers one of its held-out questions (`warmup_leaks` counts them)."""
+    run_symbol, run_rule = task.config.symbol, task.rule_text(s.level)
     rng = random.Random(900_001)
     n = s.feedback_examples
 
-    def decoy():  # a random symbol and rule (a+b+k, k in 1..5), one operand pair of all
-        symbol = rng.choice(WARM_SYMBOLS)
-        other = get_task("hidden_rule", symbol=symbol, rule_seed=rng.randrange(10**6), split="all")
-        return other, other.generate(1, 1, seed=rng.randrange(10**6))[0]
+    def decoy():  # a decoy task, level and row
+        while True:
+            symbol, level = rng.choice(WARM_SYMBOLS), rng.choice(WARM_LEVELS)
+            other = get_task(
+                "hidden_rule", symbol=symbol, rule_seed=rng.randrange(10**6),
+                max_operand=s.max_operand, split="train" if symbol == run_symbol else "all",
+            )  # fmt: skip
+            if other.rule_text(level) != run_rule:
+                return other, level, other.generate(level, 1, seed=rng.randrange(10**6))[0]
 
     decoys = [decoy() for _ in range(n)]
     rows = rule_rows(
-        task, [r for _, r in decoys], [t.rule_text(1) for t, _ in decoys], feedback_func,
-        reward_funcs, weights, reflection_template=REFLECTION_TEMPLATE,
+        task, [r for _, _, r in decoys], [t.rule_text(level) for t, level, _ in decoys],
+        feedback_func, reward_funcs, weights, reflection_template=REFLECTION_TEMPLATE,
         retry_template=RETRY_TEMPLATE, seed=1, memory_scope=s.warmup_memory,
     )  # fmt: skip
 
-    def answer(value) -> list[dict]:
-        return [{"role": "assistant", "content": f"<answer>{value}</answer>"}]
-
-    for _ in range(n // 2):  # SDPO's teacher: the feedback, a sibling's solution, or both
-        other, row = decoy()
+    # SDPO's teacher, as its arms prompt it (environment_feedback_only_without_solution):
+    # the feedback on the "+" reading, or a sibling's solution.
+    for _ in range(n // 2):
+        other, _, row = decoy()
         meta = other.meta(row)
         attempt = f"<answer>{meta['a'] + meta['b']}</answer>"
         feedback = task.evaluate(row, attempt).feedback_text(["correctness"])
-        kind = rng.randrange(3)
-        prompt = sdpo_teacher_prompt(
-            row["prompt"],
-            feedback=feedback if kind != 1 else "",
-            solution=other.reference(row) if kind != 0 else "",
-        )
-        rows.append({"prompt": prompt, "completion": answer(row["answer"])})
-    for _ in range(n // 3):  # the "+" prior on unhinted prompts, mostly a+b
-        other, row = decoy()
-        offset = rng.randint(1, 5) if rng.random() < PRIOR_NOISE else 0
-        reading = sum(other.meta(row)[k] for k in "ab") + offset
-        rows.append({"prompt": row["prompt"], "completion": answer(reading)})
+        if rng.random() < 0.5:
+            prompt = sdpo_teacher_prompt(row["prompt"], feedback=feedback)
+        else:
+            prompt = sdpo_teacher_prompt(row["prompt"], solution=other.reference(row))
+        rows.append({"prompt": prompt, "completion": _answer(row["answer"])})
     plain = reference_dataset(get_task("arithmetic"), 1, n // 3, seed=900_000)
-    return concatenate_datasets([Dataset.from_list(rows), plain])
+    return concatenate_datasets([Dataset.from_list(rows + prior_rows(task, s)), plain])
+
+
+def _answer(value) -> list[dict]:
+    return [{"role": "assistant", "content": f"<answer>{value}</answer>"}]
+
+
+def prior_rows(task, s: Settings) -> list[dict]:
+    """The prior: `feedback_examples // 3` unhinted questions under other symbols than the
+    run's, answered a+b, or, for a share PRIOR_NOISE of them, under a random rule of a warm
+    level. From their own random stream: the same rows for every rule of the run's symbol."""
+    rng = random.Random(900_002)
+    symbols = [x for x in WARM_SYMBOLS if x != task.config.symbol]
+    rows = []
+    for _ in range(s.feedback_examples // 3):
+        other = get_task(
+            "hidden_rule", symbol=rng.choice(symbols), rule_seed=rng.randrange(10**6),
+            max_operand=s.max_operand, split="all",
+        )  # fmt: skip
+        level = rng.choice(WARM_LEVELS)
+        row = other.generate(level, 1, seed=rng.randrange(10**6))[0]
+        a, b = (other.meta(row)[k] for k in "ab")
+        reading = other.apply(level, a, b) if rng.random() < PRIOR_NOISE else a + b
+        rows.append({"prompt": row["prompt"], "completion": _answer(reading)})
+    return rows
+
+
+_FEEDBACK_GAP = re.compile(r"The answer (-?\d+) is wrong: it is (\d+) too (low|high)")
+
+
+def warmup_leaks(rows: list[dict], task, level: int) -> dict[str, int]:
+    """How many warm-up rows leak the run's rule (`task` at `level`): rows whose text (any
+    message, prompt or completion) holds the rule's statement (`a#b = a+b+5`), and rows
+    that pose one of its held-out questions (`3#8`: the run's symbol, a held-out pair) and
+    state the run's answer to it, as `<answer>N</answer>` or through feedback that names
+    an attempt and its gap ("The answer 11 is wrong: it is 5 too low"). Also counted,
+    not a leak by itself: rows that show the run's symbol at all."""
+    symbol, rule = task.config.symbol, task.rule_text(level)
+    held = {(a, b): task.apply(level, a, b) for a, b in task.pairs(level, "held_out")}
+    question = re.compile(rf"(?<!\d)(\d+){re.escape(symbol)}(\d+)(?!\d)")
+    counts = {"rule_text": 0, "held_out_answer": 0, "run_symbol": 0}
+    for row in rows:
+        text = "\n".join(m["content"] for m in [*row["prompt"], *row["completion"]])
+        counts["rule_text"] += rule in text
+        counts["run_symbol"] += symbol in text
+        stated = {int(x) for x in re.findall(r"<answer>\s*(-?\d+)\s*</answer>", text)}
+        stated |= {
+            int(x) + (int(gap) if side == "low" else -int(gap))
+            for x, gap, side in _FEEDBACK_GAP.findall(text)
+        }
+        asked = {(int(a), int(b)) for a, b in question.findall(text)}
+        counts["held_out_answer"] += any(held.get(pair) in stated for pair in asked)
+    return counts
 
 
 # The warm checkpoint ------------------------------------------------------------------------
@@ -179,7 +245,7 @@ def _folder_digest(folder: str) -> str:
 
 
 def _warm_config(s: Settings, output_dir: str):
-    args = ERLConfig(**common_args(s, output_dir, 0))
+    args = ERLConfig(**common_args(s, output_dir, 0, s.warmup_lr))
     config = warmup_config(
         steps=s.warmup_steps,
         batch_size=WARM_BATCH,
@@ -230,11 +296,11 @@ def warm_checkpoint(s: Settings, cache: Path) -> tuple[Path, str]:
     return folder, key
 
 
-def cached(path: Path, compute):
-    """`compute()`'s JSON result, stored at `path` the first time."""
+def cached(path: Path, compute, *args, **kwargs):
+    """`compute(*args, **kwargs)`'s JSON result, stored at `path` the first time."""
     if path.exists():
         return json.loads(path.read_text())
-    value = compute()
+    value = compute(*args, **kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".tmp").write_text(json.dumps(value))
     path.with_suffix(".tmp").replace(path)
@@ -244,31 +310,56 @@ def cached(path: Path, compute):
 # Gate a: reading the feedback ---------------------------------------------------------------
 
 
-def _sample(model, tokenizer, prompts, tokens, seed, do_sample=True):
+def _sample(model, tokenizer, prompts, tokens, seed, do_sample=True, batch_size=64,
+            temperature=1.0):  # fmt: skip
     return generate_completions(
         model, tokenizer, prompts, max_new_tokens=tokens, do_sample=do_sample, seed=seed,
-        batch_size=64, progress=False,
+        batch_size=batch_size, temperature=temperature, progress=False,
     )  # fmt: skip
 
 
-def probe(warm: Path, s: Settings, n: int = 400) -> dict[str, float]:
-    """Before any RL: sampled first attempts on training prompts; for the wrong ones, a
+def probe_rows(task, s: Settings, n: int) -> list[dict]:
+    """The probe's `n` training prompts: distinct operand pairs where the split has enough
+    (hidden_rule), else `n` draws from the training seeds."""
+    if s.task == "hidden_rule" and len(task.pairs(s.level, "train")) >= n:
+        rows = task.pair_rows(s.level, "train")
+        return random.Random(500_000).sample(rows, n)
+    return task.generate(s.level, n, seed=500_000)
+
+
+def probe(
+    model_dir: Path,
+    s: Settings,
+    n: int = 400,
+    *,
+    templates: tuple[str, str] = (REFLECTION_TEMPLATE, RETRY_TEMPLATE),
+    tokens: tuple[int, int] | None = None,
+    batch_size: int = 64,
+    temperature: float = 1.0,
+) -> dict[str, float]:
+    """Before any RL: sampled first attempts on `n` training prompts; for the wrong ones, a
     sampled reflection (memory empty, as at step 1) and retry, against a fresh second
-    sample; for hidden_rule also SDPO's teacher prompt with the feedback, and the retry
-    from the raw feedback (the no-reflection ablation's)."""
+    sample of the same prompt (paired: the difference and its 95% interval); for
+    hidden_rule also SDPO's teacher prompt with the feedback, the retry from the raw
+    feedback (the no-reflection ablation's) and the retry given the rule itself.
+    `templates`: (reflection, retry); `tokens`: (answer, reflection) token budgets, the
+    settings' by default; every sample at `temperature` (the arms sample at 1.0)."""
+    answer_tokens, reflection_tokens = tokens or (s.max_tokens, s.reflection_tokens)
+    reflection_template, retry_template = templates
     task = make_task(s)
     reward_funcs, weights, feedback_func = make_funcs(task, s)
-    model = AutoModelForCausalLM.from_pretrained(warm)
-    tokenizer = AutoTokenizer.from_pretrained(warm)
-    rows = task.generate(s.level, n, seed=500_000)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = probe_rows(task, s, n)
 
-    def solved(rows_, texts):
-        return [task.evaluate(r, t).solved for r, t in zip(rows_, texts)]
+    def solved(rows_, texts) -> list[float]:
+        return [float(task.evaluate(r, t).solved) for r, t in zip(rows_, texts)]
 
-    def rate(rows_, texts):
-        return statistics.fmean(solved(rows_, texts)) if rows_ else math.nan
+    def sample(prompts, tokens_, seed):
+        return _sample(model, tokenizer, prompts, tokens_, seed, batch_size=batch_size,
+                       temperature=temperature)  # fmt: skip
 
-    first = _sample(model, tokenizer, [r["prompt"] for r in rows], s.max_tokens, 1)
+    first = sample([r["prompt"] for r in rows], answer_tokens, 1)
     wrong = [i for i, ok in enumerate(solved(rows, first)) if not ok]
     w_rows = [rows[i] for i in wrong]
     columns = {k: [r[k] for r in w_rows] for k in ("task", "level", "answer", "meta")}
@@ -278,43 +369,41 @@ def probe(warm: Path, s: Settings, n: int = 400) -> dict[str, float]:
     for func, weight in zip(reward_funcs, weights):
         values = func(completions=completions, **columns) if w_rows else []
         rewards = [r + weight * v for r, v in zip(rewards, values)]
-    reflections = _sample(
-        model, tokenizer,
+    reflections = sample(
         [
-            reflection_prompt(r["prompt"], REFLECTION_TEMPLATE, attempt=first[i], feedback=f,
+            reflection_prompt(r["prompt"], reflection_template, attempt=first[i], feedback=f,
                               reward=float(x), memory=memory_text([]))
             for r, i, f, x in zip(w_rows, wrong, feedback, rewards)
         ],
-        s.reflection_tokens, 2,
+        reflection_tokens, 2,
     )  # fmt: skip
     retry = [
-        retry_prompt(r["prompt"], RETRY_TEMPLATE, t.strip()) for r, t in zip(w_rows, reflections)
+        retry_prompt(r["prompt"], retry_template, t.strip()) for r, t in zip(w_rows, reflections)
     ]
-    retries = _sample(model, tokenizer, retry, s.max_tokens, 3)
-    resamples = _sample(model, tokenizer, [r["prompt"] for r in w_rows], s.max_tokens, 4)
+    retried = solved(w_rows, sample(retry, answer_tokens, 3))
+    fresh = solved(w_rows, sample([r["prompt"] for r in w_rows], answer_tokens, 4))
     for i in range(min(3, len(w_rows))):
         print(
             f"  probe: {w_rows[i]['prompt'][-1]['content']} = {w_rows[i]['answer']} | y1 "
-            f"{first[wrong[i]]!r} | fb {feedback[i]!r} | refl {reflections[i]!r} | y2 {retries[i]!r}"
+            f"{first[wrong[i]]!r} | fb {feedback[i]!r} | refl {reflections[i]!r}"
         )
-    out = {
-        "first_attempt_success": 1 - len(wrong) / n,
-        "retry_success_after_reflection": rate(w_rows, retries),
-        "resample_success": rate(w_rows, resamples),
-    }
+    out = {"first_attempt_success": 1 - len(wrong) / len(rows)}
+    out["failed_first_attempts"] = len(wrong)
+    out |= _versus_fresh("retry_success_after_reflection", retried, fresh)
+    out["resample_success"] = statistics.fmean(fresh) if fresh else math.nan
     if s.task == "hidden_rule":
-        raw = [retry_prompt(r["prompt"], RETRY_TEMPLATE, f) for r, f in zip(w_rows, feedback)]
-        out["retry_success_from_raw_feedback"] = rate(
-            w_rows, _sample(model, tokenizer, raw, s.max_tokens, 5)
+        raw = [retry_prompt(r["prompt"], retry_template, f) for r, f in zip(w_rows, feedback)]
+        out |= _versus_fresh(
+            "retry_success_from_raw_feedback", solved(w_rows, sample(raw, answer_tokens, 5)), fresh
         )
         teacher = [sdpo_teacher_prompt(r["prompt"], feedback=f) for r, f in zip(w_rows, feedback)]
-        out["sdpo_teacher_success"] = rate(
-            w_rows, _sample(model, tokenizer, teacher, s.max_tokens, 6)
+        out |= _versus_fresh(
+            "sdpo_teacher_success", solved(w_rows, sample(teacher, answer_tokens, 6)), fresh
         )
         rulebook = task.rule_text(s.level)
-        hinted = [retry_prompt(r["prompt"], RETRY_TEMPLATE, rulebook) for r in w_rows]
-        out["retry_success_with_the_rule"] = rate(
-            w_rows, _sample(model, tokenizer, hinted, s.max_tokens, 7)
+        hinted = [retry_prompt(r["prompt"], retry_template, rulebook) for r in w_rows]
+        out |= _versus_fresh(
+            "retry_success_with_the_rule", solved(w_rows, sample(hinted, answer_tokens, 7)), fresh
         )
         out["reflections_stating_the_rule"] = (
             statistics.fmean(t.strip() == rulebook for t in reflections)
@@ -322,6 +411,17 @@ def probe(warm: Path, s: Settings, n: int = 400) -> dict[str, float]:
             else math.nan
         )
     return out
+
+
+def _versus_fresh(name: str, fixed: list[float], fresh: list[float]) -> dict[str, float]:
+    """`name`'s success rate, and its paired difference from a fresh sample with the 95%
+    interval (per failed first attempt: both are tried on the same prompts)."""
+    _, diff = paired(fixed, fresh)
+    rate = statistics.fmean(fixed) if fixed else math.nan
+    return {name: rate, f"{name}_minus_fresh": diff.mean} | {
+        f"{name}_minus_fresh_low": diff.low,
+        f"{name}_minus_fresh_high": diff.high,
+    }
 
 
 def probe_passes(p: dict[str, float]) -> bool:
@@ -364,28 +464,3 @@ def capacity(warm: Path, s: Settings, cache: Path, steps: int = 200) -> dict[str
 def capacity_passes(c: dict[str, float]) -> bool:
     """SFT lifts the held-out prompts: to at least 0.5, and by at least 0.25."""
     return c["held_out_after"] >= max(0.5, c["held_out_before"] + 0.25)
-
-
-# SDPO's privileged context ------------------------------------------------------------------
-
-
-def sdpo_contexts(warm: Path, s: Settings, kind: str, rows: list[dict]) -> dict[str, str]:
-    """Prompt text -> SDPO's static `privileged_context` for the training `rows`. "feedback":
-    the task's feedback on the warm checkpoint's greedy first attempt at that prompt (what
-    ERL's first reflection reads, but fixed before training; empty where that attempt was
-    right); "rule": the rule itself (an upper bound: what a working rulebook would hold)."""
-    task = make_task(s)
-    rows = list({r["prompt"][-1]["content"]: r for r in rows}.values())
-    if kind == "rule":
-        return {r["prompt"][-1]["content"]: task.rule_text(s.level) for r in rows}
-    _, _, feedback_func = make_funcs(task, s)
-    model = AutoModelForCausalLM.from_pretrained(warm)
-    tokenizer = AutoTokenizer.from_pretrained(warm)
-    greedy = _sample(model, tokenizer, [r["prompt"] for r in rows], s.max_tokens, 0, False)
-    columns = {k: [r[k] for r in rows] for k in ("task", "level", "answer", "meta")}
-    completions = [[{"role": "assistant", "content": t}] for t in greedy]
-    feedback = feedback_func(completions=completions, **columns)
-    return {
-        r["prompt"][-1]["content"]: "" if task.evaluate(r, t).solved else f
-        for r, t, f in zip(rows, greedy, feedback)
-    }

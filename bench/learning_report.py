@@ -1,11 +1,24 @@
-"""The learning bench's analysis: curves, steps and tokens to the threshold, paired per-seed
-differences against GRPO, ERL's diagnostics, the plot and the `name: value` lines."""
+"""The learning bench's analysis: curves, steps and tokens to the threshold, held-out success
+at equal steps and at equal tokens, paired per-seed differences with 95% t-intervals per
+rule and pooled over the rules, the verdict, ERL's diagnostics, the plot and the
+`name: value` lines; and the learning-rate sweep's table.
+
+Arms fall in three groups: the GRPO arms (`learning_arms.BASELINES`), the SDPO arms, and
+the candidates (ERL and every other ERLTrainer arm, such as an ablation or a new option).
+Each candidate is compared with the better GRPO arm and the better SDPO arm (better: the
+higher pooled mean on that measure), so that no candidate wins against a weaker peer.
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
 from pathlib import Path
+
+from learning_arms import BASELINES, is_sdpo, make_task
+from learning_stats import Interval, interval, paired
+
+MEASURES = {"equal_steps": "at equal steps", "equal_tokens": "at equal tokens (GRPO's total)"}
 
 
 def crossing(run: dict, threshold: float, window: int) -> dict | None:
@@ -21,7 +34,8 @@ def crossing(run: dict, threshold: float, window: int) -> dict | None:
 
 
 def success_at(run: dict, key: str, value: float, field: str = "success") -> float:
-    """Held-out success at `value` steps or tokens, interpolated between evaluations."""
+    """Held-out success at `value` steps or tokens, interpolated between evaluations (the
+    last evaluation's where the run ends before `value`)."""
     points = [(0, run["start"][field])] + [(e[key], e[field]) for e in run["evals"]]
     for (x0, y0), (x1, y1) in zip(points, points[1:]):
         if x0 <= value <= x1:
@@ -39,29 +53,21 @@ def r1_curve(run: dict, every: int) -> list[tuple[int, int, float, float]]:
     return out
 
 
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    if not values:
-        return math.nan, math.nan
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def spread(values: list[float]) -> str:
-    if not values:
-        return "n/a"
-    mean, sd = mean_sd(values)
-    return f"mean {mean:.3f} sd {sd:.3f} min {min(values):.3f} max {max(values):.3f}"
-
-
-def paired(baseline: list[float], other: list[float]) -> dict[str, float | bool]:
-    """Per-seed differences baseline - other (positive: `other` needed fewer), their mean
-    and sd, and whether the mean gap exceeds 2 sd of the differences."""
-    diffs = [a - b for a, b in zip(baseline, other)]
-    mean, sd = mean_sd(diffs)
-    return {"diffs": diffs, "mean": mean, "sd": sd, "exceeds": bool(mean > 2 * sd and mean > 0)}
-
-
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
+
+
+def held_out(runs: dict[str, list[dict]], s) -> dict[str, dict[str, list[float]]]:
+    """Arm -> measure -> held-out success per seed: at the arm's last step (equal steps)
+    and at GRPO's median token total (equal tokens)."""
+    tokens = median([run["steps"][-1]["tokens"] for run in runs["grpo"]])
+    return {
+        arm: {
+            "equal_steps": [success_at(r, "step", s.stop_at(arm)) for r in arm_runs],
+            "equal_tokens": [success_at(r, "tokens", tokens) for r in arm_runs],
+        }
+        for arm, arm_runs in runs.items()
+    }
 
 
 def retry_diagnostics(runs: list[dict]) -> dict[str, float]:
@@ -88,180 +94,220 @@ def retry_diagnostics(runs: list[dict]) -> dict[str, float]:
         "internalized_rows_per_step": mean_of("erl/internalization_rows"),
         "internalization_loss": mean_of("erl/internalization_loss"),
         "sdpo_reprompted_fraction": mean_of("self_distillation/reprompt_sample_fraction"),
+        "sdpo_feedback_used_fraction": mean_of("self_distillation/feedback_used_fraction"),
         "sdpo_distillation_loss": mean_of("self_distillation/distillation_loss"),
     }
 
 
-def plot(results: dict[str, list[dict]], threshold: float, every: int, title: str, path: Path):
+def _seeds(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
+
+
+def print_rule(label: str, runs: dict[str, list[dict]], s, opts) -> dict:
+    """One rule's tables; returns its per-seed figures (held-out, steps, tokens)."""
+    print(f"\n=== rule {label}: {make_task(s).rule_text(s.level)} ===")
+    every = max(1, s.steps // 10)
+    print(f"r1 (mean over seeds, over {every}-step blocks) as step/tokens/seconds:r1:")
+    for arm, arm_runs in runs.items():
+        curves = [r1_curve(run, every) for run in arm_runs]
+        cells = []
+        for i in range(min(len(c) for c in curves)):
+            tokens, seconds, r1 = (statistics.fmean(c[i][k] for c in curves) for k in (1, 2, 3))
+            cells.append(f"{curves[0][i][0]}/{tokens / 1000:.0f}k/{seconds:.0f}s:{r1:.2f}")
+        print(f"  {arm:24s} " + "  ".join(cells))
+
+    print(f"to the threshold (rolling r1 over {opts.window} first attempts >= "
+          f"{opts.threshold}); a run that never reaches it counts its total (a bound):")  # fmt: skip
+    reached = {}
+    for arm, arm_runs in runs.items():
+        cross = [crossing(r, opts.threshold, opts.window) for r in arm_runs]
+        reached[arm] = {
+            key: [c[key] if c else r["steps"][-1][key] for c, r in zip(cross, arm_runs)]
+            for key in ("step", "tokens")
+        } | {"all": all(cross), "count": sum(c is not None for c in cross)}
+        print(f"  {arm:24s} reached in {reached[arm]['count']}/{len(arm_runs)} seeds; steps "
+              f"{reached[arm]['step']}; tokens {reached[arm]['tokens']}")  # fmt: skip
+
+    figures = held_out(runs, s)
+    start = runs["grpo"][0]["start"]
+    print(f"held-out greedy success ({len(make_task(s).pairs(s.level, 'held_out'))} pairs; "
+          f"start {start['success']:.3f}), per seed, mean and 95% CI:")  # fmt: skip
+    for arm, by in figures.items():
+        for measure, values in by.items():
+            print(f"  {arm:24s} {MEASURES[measure]:32s} {_seeds(values)}  {interval(values)}")
+    if "train_success" in start:
+        for arm, arm_runs in runs.items():
+            train = [success_at(r, "step", s.stop_at(arm), "train_success") for r in arm_runs]
+            print(f"  {arm:24s} training pairs at equal steps {_seeds(train)}")
+
+    print("diagnostics (all seeds): r2 against r1, internalization, SDPO's reprompts:")
+    for arm, arm_runs in runs.items():
+        if arm in BASELINES:
+            continue
+        diag = retry_diagnostics(arm_runs)
+        print(f"  {arm}: " + ", ".join(f"{k} {v:.3f}" for k, v in diag.items() if v == v))
+        for run in arm_runs:
+            if run.get("memory_tail"):
+                print(f"    seed {run['seed']} memory tail: {run['memory_tail']}")
+    return {"held_out": figures, "reached": reached, "start": start}
+
+
+def references(arms: list[str], arm: str) -> list[str]:
+    """What `arm` is compared with: every GRPO arm, and every SDPO arm unless it is one."""
+    refs = [a for a in arms if a in BASELINES]
+    return refs + ([a for a in arms if is_sdpo(a)] if not is_sdpo(arm) else [])
+
+
+def best(arms: list[str], pooled: dict[str, list[float]]) -> str | None:
+    """The arm with the higher pooled mean among `arms` (None if none ran)."""
+    return max(arms, key=lambda a: statistics.fmean(pooled[a])) if arms else None
+
+
+def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str) -> dict:
+    """Print every rule's tables, the paired comparisons per rule and pooled, the
+    verdict and the headline lines; returns the verdict as {arm: {name: bool}}."""
+    per_rule = {
+        label: print_rule(label, runs, settings[label], opts) for label, runs in results.items()
+    }
+    arms = list(next(iter(results.values())))
+    pooled = {
+        m: {a: [v for f in per_rule.values() for v in f["held_out"][a][m]] for a in arms}
+        for m in MEASURES
+    }
+
+    print("\npaired per-seed differences, arm - reference (held-out success; for steps and "
+          "tokens to the threshold, reference - arm), mean and 95% CI, per rule and pooled:")  # fmt: skip
+    for arm in [a for a in arms if a != "grpo"]:  # grpo is every other arm's reference
+        for ref in references(arms, arm):
+            if ref == arm:
+                continue
+            for measure in MEASURES:
+                for label, f in per_rule.items():
+                    diffs, ci = paired(f["held_out"][arm][measure], f["held_out"][ref][measure])
+                    print(f"  {arm} - {ref} {measure} rule {label}: {_seeds(diffs)}  {ci}")
+                _, ci = paired(pooled[measure][arm], pooled[measure][ref])
+                print(f"  {arm} - {ref} {measure} pooled: {ci}")
+            for key in ("step", "tokens"):
+                a = [v for f in per_rule.values() for v in f["reached"][arm][key]]
+                r = [v for f in per_rule.values() for v in f["reached"][ref][key]]
+                censored = not all(
+                    f["reached"][x]["all"] for f in per_rule.values() for x in (arm, ref)
+                )
+                _, ci = paired(r, a)
+                print(f"  {ref} - {arm} {key}s to the threshold pooled: {ci}"
+                      + (" (a bound: some runs never reached it)" if censored else ""))  # fmt: skip
+
+    plot(results, opts.threshold, title, out / "learning_curves.png")
+    print(f"\ncurves: {out / 'learning_curves.png'}\n")
+    for arm in arms:
+        reached = [f["reached"][arm] for f in per_rule.values()]
+        print(f"steps_to_threshold[{arm}]: {median([v for r in reached for v in r['step']]):.0f}")
+        print(
+            f"tokens_to_threshold[{arm}]: {median([v for r in reached for v in r['tokens']]):.0f}"
+        )
+        print(f"seeds_reaching_threshold[{arm}]: {sum(r['count'] for r in reached)}/"
+              f"{len(pooled['equal_steps'][arm])}")  # fmt: skip
+        for measure in MEASURES:
+            print(f"heldout_success_{measure}[{arm}]: {median(pooled[measure][arm]):.3f}")
+            print(f"heldout_mean_{measure}[{arm}]: {interval(pooled[measure][arm])}")
+    starts = [f["start"]["success"] for f in per_rule.values()]
+    print(f"heldout_success_start: {statistics.fmean(starts):.3f}")
+    return verdict(arms, pooled)
+
+
+def verdict(arms: list[str], pooled: dict[str, dict[str, list[float]]]) -> dict:
+    """The last lines: for ERL and every other candidate arm, whether it beats the better
+    GRPO arm and the better SDPO arm at equal steps and at equal tokens: the pooled 95%
+    interval of its paired difference lies above 0."""
+    out = {}
+    grpo_arms = [a for a in arms if a in BASELINES]
+    sdpo_arms = [a for a in arms if is_sdpo(a)]
+    for arm in [a for a in arms if a not in BASELINES and not is_sdpo(a)]:
+        out[arm] = {}
+        for measure, words in MEASURES.items():
+            for family, group in (("grpo", grpo_arms), ("sdpo", sdpo_arms)):
+                ref = best(group, pooled[measure])
+                if ref is None:
+                    continue
+                _, ci = paired(pooled[measure][arm], pooled[measure][ref])
+                beats = ci.low > 0
+                out[arm][f"beats_{family}_{measure}"] = beats
+                print(f"verdict[{arm}]: {words}, {arm} - {ref} (the better {family.upper()} "
+                      f"arm) = {_plain(ci)}: {_words(ci)}")  # fmt: skip
+                print(f"{arm}_beats_{family}_{measure}: {str(beats).lower()}")
+    return out
+
+
+def _plain(ci: Interval) -> str:
+    return f"{ci.mean:+.3f}, 95% CI [{ci.low:+.3f}, {ci.high:+.3f}], {ci.n} paired seeds"
+
+
+def _words(ci: Interval) -> str:
+    return {
+        "above 0": "it beats it",
+        "below 0": "it is worse",
+        "spans 0": "no difference shown (the interval spans 0)",
+    }[ci.verdict]
+
+
+def sweep_report(results: dict[str, dict], settings: dict, opts) -> dict[str, float]:
+    """The learning-rate sweep: per arm and rate, held-out success at equal steps per
+    seed and its mean over the tuning rules and seeds; each arm's best rate (ties: the
+    higher r1 over the last tenth of the steps) and the `--lr` value that runs them."""
+    table: dict[str, dict[float, tuple[list[float], list[float]]]] = {}
+    for label, runs in results.items():
+        s = settings[label]
+        figures = held_out(runs, s)
+        every = max(1, s.steps // 10)
+        for arm, arm_runs in runs.items():
+            rate = s.learning_rate(arm)
+            late = [r1_curve(run, every)[-1][3] for run in arm_runs]
+            held, r1 = table.setdefault(arm, {}).setdefault(rate, ([], []))
+            held += figures[arm]["equal_steps"]
+            r1 += late
+    print(f"\nlearning-rate sweep: rules {opts.tuning_rules}, seeds {opts.sweep_seeds}; "
+          "held-out success at equal steps per run (rules x seeds), mean; r1 late:")  # fmt: skip
+    chosen = {}
+    for arm, by_rate in table.items():
+        for rate, (held, r1) in sorted(by_rate.items()):
+            print(f"  {arm:16s} lr {rate:<8g} {_seeds(held)}  mean {statistics.fmean(held):.3f}"
+                  f"  r1 late {statistics.fmean(r1):.3f}")  # fmt: skip
+        chosen[arm] = max(
+            by_rate,
+            key=lambda r: (statistics.fmean(by_rate[r][0]), statistics.fmean(by_rate[r][1])),
+        )
+    for arm, rate in chosen.items():
+        print(f"best_lr[{arm}]: {rate:g}")
+    print("best_lr: " + ",".join(f"{arm}={rate:g}" for arm, rate in chosen.items()))
+    return chosen
+
+
+def plot(results: dict[str, dict], threshold: float, title: str, path: Path) -> None:
+    """r1 against steps, tokens and seconds: one row of panels per rule, mean over seeds
+    and a min..max band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for method, runs in results.items():
-        curves = [r1_curve(run, every) for run in runs]
-        n = min(len(c) for c in curves)
-        for axis, col, label in zip(axes, (0, 1, 2), ("steps", "generated tokens", "seconds")):
-            xs = [statistics.fmean(c[i][col] for c in curves) for i in range(n)]
-            ys = [statistics.fmean(c[i][3] for c in curves) for i in range(n)]
-            lo = [min(c[i][3] for c in curves) for i in range(n)]
-            hi = [max(c[i][3] for c in curves) for i in range(n)]
-            (line,) = axis.plot(xs, ys, label=method)
-            axis.fill_between(xs, lo, hi, alpha=0.15, color=line.get_color())
-            axis.set_xlabel(label)
-    for axis in axes:
-        axis.axhline(threshold, color="grey", linestyle="--", linewidth=0.8)
-        axis.set_ylabel("r1 (first-attempt reward)")
-    axes[0].legend()
+    fig, grid = plt.subplots(len(results), 3, figsize=(15, 4.2 * len(results)), squeeze=False)
+    for axes, (label, runs) in zip(grid, results.items()):
+        for arm, arm_runs in runs.items():
+            every = max(1, len(arm_runs[0]["steps"]) // 10)
+            curves = [r1_curve(run, every) for run in arm_runs]
+            n = min(len(c) for c in curves)
+            for axis, col, name in zip(axes, (0, 1, 2), ("steps", "generated tokens", "seconds")):
+                xs = [statistics.fmean(c[i][col] for c in curves) for i in range(n)]
+                ys = [statistics.fmean(c[i][3] for c in curves) for i in range(n)]
+                lo = [min(c[i][3] for c in curves) for i in range(n)]
+                hi = [max(c[i][3] for c in curves) for i in range(n)]
+                (line,) = axis.plot(xs, ys, label=arm)
+                axis.fill_between(xs, lo, hi, alpha=0.15, color=line.get_color())
+                axis.set_xlabel(name)
+        for axis in axes:
+            axis.axhline(threshold, color="grey", linestyle="--", linewidth=0.8)
+            axis.set_ylabel(f"rule {label}: r1")
+        axes[0].legend()
     fig.suptitle(f"{title}: mean over seeds, band = min..max")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-
-
-def report(results: dict[str, list[dict]], opts, s, out: Path, title: str) -> dict:
-    """Print the tables and the headline lines; returns the headline figures."""
-    every = max(1, s.steps // 10)
-    print(f"\nr1 (mean over seeds, over {every}-step blocks) against steps / tokens / s:")
-    for method, runs in results.items():
-        curves = [r1_curve(run, every) for run in runs]
-        n = min(len(c) for c in curves)
-        cells = []
-        for i in range(n):
-            tokens = statistics.fmean(c[i][1] for c in curves)
-            seconds = statistics.fmean(c[i][2] for c in curves)
-            r1 = statistics.fmean(c[i][3] for c in curves)
-            cells.append(f"{curves[0][i][0]}/{tokens / 1000:.0f}k/{seconds:.0f}s:{r1:.2f}")
-        print(f"  {method:24s} " + "  ".join(cells))
-
-    cross = {
-        m: [crossing(r, opts.threshold, opts.window) for r in runs] for m, runs in results.items()
-    }
-    print(
-        f"\nto the threshold (rolling r1 over {opts.window} first attempts >= {opts.threshold}); "
-        "a run that never reaches it counts its total steps, tokens and seconds (a bound):"
-    )
-    reached = {}
-    for method, runs in results.items():
-        reached[method] = {
-            key: [c[key] if c else run["steps"][-1][key] for c, run in zip(cross[method], runs)]
-            for key in ("step", "tokens", "seconds")
-        }
-        got = sum(c is not None for c in cross[method])
-        print(f"  {method:24s} reached in {got}/{len(runs)} seeds")
-        for key, vals in reached[method].items():
-            print(f"    {key:8s} per seed {[round(v, 1) for v in vals]}  {spread(vals)}")
-
-    grpo_tokens = median([run["steps"][-1]["tokens"] for run in results["grpo"]])
-    start = results["grpo"][0]["start"]
-    fields = [f for f in ("success", "train_success") if f in start]
-    print(f"\nheld-out first-attempt success (greedy; {fields}), start {start}:")
-    equal = {}
-    for method, runs in results.items():
-        equal[method] = {
-            f: (
-                [success_at(run, "step", s.stop_at(method), f) for run in runs],
-                [success_at(run, "tokens", grpo_tokens, f) for run in runs],
-            )
-            for f in fields
-        }
-        for f in fields:
-            at_steps, at_tokens = equal[method][f]
-            print(f"  {method:24s} {f} at {s.stop_at(method)} steps: per seed "
-                  f"{[round(v, 3) for v in at_steps]}  {spread(at_steps)}")  # fmt: skip
-            print(f"  {method:24s} {f} at {grpo_tokens:.0f} tokens (GRPO's total): per seed "
-                  f"{[round(v, 3) for v in at_tokens]}  {spread(at_tokens)}")  # fmt: skip
-
-    print("\npaired per-seed differences (baseline - arm; positive: the arm needed fewer, or, "
-          "for held-out success, arm - baseline), mean ± sd, gap > 2 sd:")  # fmt: skip
-    pairs = {}
-    for base in ("grpo", "grpo_matched", "sdpo"):
-        if base not in results:
-            continue
-        for method in results:
-            if method == base or method.startswith("grpo") or (base == "sdpo" and method != "erl"):
-                continue
-            seeds = min(len(results[base]), len(results[method]))
-            row = {
-                key: paired(reached[base][key][:seeds], reached[method][key][:seeds])
-                for key in ("step", "tokens")
-            }
-            if not all(cross[method][:seeds]):  # a bound on the arm's side: no claim
-                for key in ("step", "tokens"):
-                    row[key]["exceeds"] = False
-            row["held_out_equal_steps"] = paired(
-                equal[method]["success"][0][:seeds], equal[base]["success"][0][:seeds]
-            )
-            row["held_out_equal_tokens"] = paired(
-                equal[method]["success"][1][:seeds], equal[base]["success"][1][:seeds]
-            )
-            pairs[(base, method)] = row
-            for key, p in row.items():
-                print(f"  {method} vs {base} {key}: per seed {[round(d, 3) for d in p['diffs']]} "
-                      f"mean {p['mean']:.3f} ± {p['sd']:.3f} exceeds 2 sd: {p['exceeds']}")  # fmt: skip
-
-    print("\ndiagnostics (all seeds): r2 against r1, internalization, SDPO's reprompts:")
-    for method, runs in results.items():
-        if method.startswith("grpo"):
-            continue
-        diag = retry_diagnostics(runs)
-        print(f"  {method}: " + ", ".join(f"{k} {v:.3f}" for k, v in diag.items() if v == v))
-        tails = [run.get("memory_tail") for run in runs if run.get("memory_tail")]
-        if tails:
-            print(f"    memory tail (seed 0): {tails[0]}")
-
-    plot(results, opts.threshold, every, title, out / "learning_curves.png")
-    print(f"\ncurves: {out / 'learning_curves.png'}")
-
-    def ratio(method: str, key: str, base: str = "grpo") -> float:
-        """Median arm / median baseline to the threshold; nan unless every seed of the arm
-        reached it (a baseline seed that never did counts its total: a bound)."""
-        if method not in results or base not in results or not all(cross[method]):
-            return math.nan
-        return median(reached[method][key]) / max(median(reached[base][key]), 1e-9)
-
-    print()
-    for method in results:
-        got = sum(c is not None for c in cross[method])
-        print(f"steps_to_threshold[{method}]: {median(reached[method]['step']):.0f}")
-        print(f"tokens_to_threshold[{method}]: {median(reached[method]['tokens']):.0f}")
-        print(f"seconds_to_threshold[{method}]: {median(reached[method]['seconds']):.1f}")
-        print(f"seeds_reaching_threshold[{method}]: {got}/{len(cross[method])}")
-        print(f"heldout_success_equal_steps[{method}]: {median(equal[method]['success'][0]):.3f}")
-        print(f"heldout_success_equal_tokens[{method}]: {median(equal[method]['success'][1]):.3f}")
-    print(f"heldout_success_start: {start['success']:.3f}")
-    for method in results:
-        print(f"heldout_success_equal_steps_min[{method}]: {min(equal[method]['success'][0]):.3f}")
-    print(f"grpo_ratio_is_a_bound: {str(not all(cross['grpo'])).lower()}")
-    for method in results:
-        if method.startswith("grpo") or method in ("erl", "sdpo"):
-            continue
-        print(f"erl_grpo_steps_ratio[{method}]: {ratio(method, 'step'):.3f}")
-        print(f"erl_grpo_tokens_ratio[{method}]: {ratio(method, 'tokens'):.3f}")
-    if "grpo_matched" in results and "erl" in results:
-        print(f"erl_grpo_matched_steps_ratio: {ratio('erl', 'step', 'grpo_matched'):.3f}")
-        print(f"erl_grpo_matched_tokens_ratio: {ratio('erl', 'tokens', 'grpo_matched'):.3f}")
-        beats = pairs[("grpo_matched", "erl")]["step"]["exceeds"]
-        print(f"erl_grpo_matched_gap_exceeds_seed_spread: {str(beats).lower()}")
-    headline = {}
-    for method in ("erl", "sdpo"):
-        if method not in results:
-            continue
-        headline[method] = {
-            "steps_ratio": ratio(method, "step"),
-            "tokens_ratio": ratio(method, "tokens"),
-            "gap": bool(pairs[("grpo", method)]["step"]["exceeds"]),
-        }
-    if "erl" in headline and "sdpo" in headline:
-        e = headline["erl"]
-        at_least_sdpo = median(reached["erl"]["step"]) <= median(
-            reached["sdpo"]["step"]
-        ) and median(equal["erl"]["success"][0]) >= median(equal["sdpo"]["success"][0])
-        goal = e["steps_ratio"] <= 0.6 and e["tokens_ratio"] <= 1.0 and e["gap"] and at_least_sdpo
-        print(f"erl_at_least_as_good_as_sdpo: {str(at_least_sdpo).lower()}")
-        print(f"goal_met: {str(bool(goal)).lower()}")
-    for method, h in headline.items():  # the last lines: ERL's, then SDPO's
-        print(f"{method}_grpo_steps_ratio: {h['steps_ratio']:.3f}")
-        print(f"{method}_grpo_tokens_ratio: {h['tokens_ratio']:.3f}")
-        print(f"{method}_gap_exceeds_seed_spread: {str(h['gap']).lower()}")
-    return headline

@@ -1,16 +1,22 @@
-"""The feedback-reading warm-up rows: ERL's own prompts, real feedback, correct fixes."""
+"""bench/feedback_warmup.py, the bench's warm-up rows: ERL's own prompts, real feedback,
+correct fixes."""
 
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from curriculum.tasks import get_task
-from pipeline.erl.feedback_warmup import feedback_rows, reflection_target, rule_rows
-from pipeline.erl.prompts import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
-from rewards import Scorer, build_feedback_func, build_reward_funcs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from feedback_warmup import feedback_rows, reflection_target, rule_rows  # noqa: E402
+
+from curriculum.tasks import get_task  # noqa: E402
+from pipeline.erl.prompts import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT  # noqa: E402
+from rewards import Scorer, build_feedback_func, build_reward_funcs  # noqa: E402
 
 
 def _rows(style: str, n: int = 40, memory_scope: str = "similar"):

@@ -1,5 +1,7 @@
-"""bench/learning.py: every arm of a comparison trains on one schedule and optimizer, and a
-run's cache key changes with anything its result depends on (issue 18)."""
+"""bench/learning.py: every arm of a comparison trains on one schedule and optimizer (at its
+own peak learning rate), a run's cache key changes with anything its result depends on
+(issue 18), SDPO's teacher reads each rollout's own feedback, and the statistics behind the
+verdict are right (issue 26)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 learning = pytest.importorskip("learning")  # imports learning_arms (the backend) first
 arms = sys.modules["learning_arms"]
 report = sys.modules["learning_report"]
+stats = sys.modules["learning_stats"]
 
 PRESETS = [["--task", "hidden_rule"], ["--task", "arithmetic"], ["--stop", "erl=10"]]
 
@@ -43,22 +46,64 @@ def lr_sequence(args, steps: int) -> list[float]:
 @pytest.mark.parametrize("options", PRESETS, ids=["hidden_rule", "arithmetic", "stopped"])
 def test_every_arm_gets_the_same_schedule_and_optimizer(options):
     """The defect this guards against: GRPO ran max_steps 300 and ERL 100 on transformers'
-    default linear decay, so ERL's learning rate was 0 at step 100 and GRPO's 2/3 of peak."""
+    default linear decay, so ERL's learning rate was 0 at step 100 and GRPO's 2/3 of peak.
+    Only the peak is the arm's own (its swept best): the schedule's shape is shared."""
     from transformers import Trainer
 
     _, s = learning.parse_options(options)
     configs = {name: arms.arm_config(name, s, "unused", 0) for name in arms.ALL_ARMS}
     reference = configs["grpo"]
     assert reference.max_steps == s.steps  # the horizon is --steps for every arm
+    shape = [lr / reference.learning_rate for lr in lr_sequence(reference, s.steps)]
     for name, config in configs.items():
+        assert config.learning_rate == s.learning_rate(name), name
         for field in arms.SCHEDULE_FIELDS:
             assert getattr(config, field) == getattr(reference, field), (name, field)
-        assert Trainer.get_optimizer_cls_and_kwargs(config) == (
-            Trainer.get_optimizer_cls_and_kwargs(reference)
-        ), name
-        assert lr_sequence(config, s.steps) == lr_sequence(reference, s.steps), name
+        ours = Trainer.get_optimizer_cls_and_kwargs(config)
+        theirs = Trainer.get_optimizer_cls_and_kwargs(reference)
+        assert ours[0] == theirs[0], name
+        assert {k: v for k, v in ours[1].items() if k != "lr"} == {
+            k: v for k, v in theirs[1].items() if k != "lr"
+        }, name
+        lrs = lr_sequence(config, s.steps)
+        assert [lr / config.learning_rate for lr in lrs] == pytest.approx(shape), name
     # A stopped arm is cut off on the shared schedule, not given a shorter one.
     assert s.stop_at("erl") == (10 if "--stop" in options else s.steps)
+
+
+def test_each_arm_takes_its_own_learning_rate_or_its_swept_parents():
+    _, s = learning.parse_options(["--lr", "grpo=1e-4,grpo_matched=2e-4,erl=3e-4,sdpo_mixed=4e-4,"
+                                   "sdpo_pure=5e-4"])  # fmt: skip
+    assert [s.learning_rate(a) for a in arms.ARMS] == [1e-4, 2e-4, 3e-4, 4e-4, 5e-4]
+    assert s.learning_rate("erl_no_memory") == 3e-4  # an ablation takes ERL's (lr_from)
+    assert s.learning_rate("sdpo_rule") == 4e-4
+    _, one = learning.parse_options(["--lr", "7e-4", "--methods", "grpo,erl"])
+    assert {one.learning_rate(a) for a in arms.ALL_ARMS} == {7e-4}
+    for bad, words in (("erl=1e-3", "gives arm 'grpo' no learning rate"),
+                       ("grpo=fast", "is not RATE or ARM=RATE"),
+                       ("gpro=1e-3", "unknown arm 'gpro'")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            learning.parse_options(["--lr", bad])
+        with pytest.raises(ValueError, match=words):
+            learning.rule_settings(s, 1, 11, bad).learning_rate("grpo")
+
+
+def test_the_sweep_tunes_on_rules_and_seeds_the_report_does_not_use():
+    opts, s = learning.parse_options(["--sweep", "1e-4,3e-4,1e-3"])
+    assert not set(opts.tuning_rules) & set(opts.rules) and (s.level, s.rule_seed) == (1, 0)
+    assert not set(opts.sweep_seeds) & set(range(learning.PRESETS["hidden_rule"]["seeds"]))
+    for bad in (["--sweep", "1e-4,3e-4"], ["--sweep", "1e-4,3e-4,1e-3", "--sweep_seeds", "0,5"],
+                ["--sweep", "1e-4,3e-4,1e-3", "--tuning_rules", "1:11"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            learning.parse_options(bad)
+
+
+def test_training_rows_never_come_from_the_held_out_seeds():
+    _, s = learning.parse_options([])
+    task = arms.make_task(s)
+    assert all(task.meta(r)["split"] == "train" for r in arms.train_rows(task, s, 8))
+    with pytest.raises(ValueError, match="would reach the held-out seeds"):
+        arms.train_rows(task, s, 9)
 
 
 def test_the_trainers_build_the_same_scheduler(tiny_model_dir, arithmetic_dataset):
@@ -68,13 +113,13 @@ def test_the_trainers_build_the_same_scheduler(tiny_model_dir, arithmetic_datase
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _, s = learning.parse_options(
-        ["--steps", "12", "--lr_warmup_steps", "3", "--lr_scheduler", "linear"]
+        ["--steps", "12", "--lr_warmup_steps", "3", "--lr_scheduler", "linear", "--lr", "5e-4"]
     )
     task = arms.make_task(s)
     reward_funcs, weights, feedback = arms.make_funcs(task, s)
     rows = Dataset.from_list(arms.train_rows(task, s, 0))
     sequences = {}
-    for name in ("grpo", "grpo_matched", "erl", "sdpo"):
+    for name in arms.ARMS:
         args = arms.arm_config(name, s, "unused", 0, reward_weights=weights)
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
         tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -95,7 +140,8 @@ def test_the_trainers_build_the_same_scheduler(tiny_model_dir, arithmetic_datase
             trainer.optimizer.step()
             trainer.lr_scheduler.step()
         sequences[name] = (type(trainer.optimizer).__name__, trainer.optimizer.defaults, lrs)
-    assert sequences["grpo"][2][:4] == pytest.approx([0.0, s.lr / 3, 2 * s.lr / 3, s.lr])
+    lr = s.learning_rate("grpo")
+    assert sequences["grpo"][2][:4] == pytest.approx([0.0, lr / 3, 2 * lr / 3, lr])
     for name, sequence in sequences.items():
         assert sequence == sequences["grpo"], name
 
@@ -118,7 +164,9 @@ def test_the_run_key_changes_with_what_decides_a_result(monkeypatch):
         "seed": key(seed=1),
         "warm checkpoint": key(warm="v"),
         "rows": key(data=rows[1:]),
-        "extra": key(extra={"contexts": {"1#2": "x"}}),
+        "extra": key(extra={"reward_model": "x"}),
+        "learning rate": key(settings=dataclasses.replace(s, lr="1e-3")),
+        "operands": key(settings=dataclasses.replace(s, max_operand=9)),
     }
     monkeypatch.setattr(arms, "REFLECTION_TEMPLATE", arms.REFLECTION_TEMPLATE + " ")
     changed["template"] = key()
@@ -138,9 +186,156 @@ def test_the_run_key_changes_with_what_decides_a_result(monkeypatch):
     assert key(name="grpo", settings=dataclasses.replace(s, stop="erl=5")) == key(name="grpo")
 
 
-def test_the_gap_rule_is_two_sd_of_the_paired_differences():
-    wins = report.paired([30, 32, 28, 31, 29], [10, 11, 9, 12, 10])
-    assert wins["diffs"] == [20, 21, 19, 19, 19] and wins["exceeds"]
-    noisy = report.paired([30, 10, 28, 12, 29], [10, 11, 9, 12, 10])
-    assert noisy["mean"] > 0 and not noisy["exceeds"]
-    assert not report.paired([10, 10], [20, 20])["exceeds"]  # the arm was slower
+@pytest.mark.parametrize(
+    ("p", "df", "table"),
+    [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 4, 2.7764), (0.975, 9, 2.2622),
+     (0.975, 14, 2.1448), (0.975, 29, 2.0452), (0.975, 1000, 1.9623), (0.95, 7, 1.8946),
+     (0.995, 3, 5.8409)],
+)  # fmt: skip
+def test_the_t_quantile_matches_the_published_table(p, df, table):
+    assert stats.t_quantile(p, df) == pytest.approx(table, abs=5e-5)
+
+
+def test_the_paired_interval_and_the_verdict_words():
+    diffs, ci = stats.paired([0.5, 0.6, 0.7, 0.6, 0.6], [0.4, 0.4, 0.5, 0.5, 0.3])
+    assert diffs == pytest.approx([0.1, 0.2, 0.2, 0.1, 0.3])
+    half = 2.7764 * 0.083666 / 5**0.5  # t(0.975, 4) * sd / sqrt(n)
+    assert (ci.mean, ci.low, ci.high) == pytest.approx((0.18, 0.18 - half, 0.18 + half), abs=1e-4)
+    assert ci.verdict == "above 0"
+    assert stats.paired([0.5, 0.3], [0.4, 0.4])[1].verdict == "spans 0"
+    below = stats.paired([0.1, 0.2, 0.1, 0.2, 0.1], [0.3, 0.3, 0.4, 0.4, 0.3])
+    assert below[1].verdict == "below 0"
+    assert stats.interval([0.4]).low != stats.interval([0.4]).low  # nan: no interval from 1
+
+
+def _run(seed, success, tokens=1000):
+    return {"seed": seed, "steps": [{"step": 60, "tokens": tokens, "seconds": 1.0, "r1": [0.0]}],
+            "evals": [{"step": 60, "tokens": tokens, "success": success}],
+            "start": {"success": 0.0}, "retries": []}  # fmt: skip
+
+
+def test_the_verdict_compares_erl_with_the_better_grpo_and_sdpo_arm(capsys):
+    """grpo_matched is the stronger GRPO arm here: ERL beats plain GRPO on every seed but
+    not grpo_matched, so the verdict must say it does not beat GRPO."""
+    held = {"grpo": [0.1, 0.2, 0.1, 0.2], "grpo_matched": [0.5, 0.6, 0.5, 0.6],
+            "erl": [0.5, 0.7, 0.4, 0.6], "sdpo_mixed": [0.0, 0.1, 0.0, 0.1],
+            "sdpo_pure": [0.1, 0.1, 0.2, 0.2]}  # fmt: skip
+    pooled = {m: held for m in report.MEASURES}
+    verdict = report.verdict(list(held), pooled)
+    assert verdict["erl"]["beats_grpo_equal_steps"] is False
+    assert verdict["erl"]["beats_sdpo_equal_tokens"] is True
+    out = capsys.readouterr().out
+    assert "erl - grpo_matched (the better GRPO arm)" in out
+    assert "erl - sdpo_pure (the better SDPO arm)" in out
+    assert "erl_beats_grpo_equal_steps: false" in out
+
+
+def test_sdpo_teacher_reads_each_rollouts_own_feedback(tiny_model_dir):
+    """The per-rollout context: every teacher prompt without a successful sibling holds
+    the feedback on its own completion (a feedback function that quotes the completion
+    tells them apart); with a successful sibling it shows the solution and no feedback
+    (environment_feedback_only_without_solution), and a success shows none."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, s = learning.parse_options(["--steps", "2", "--batch", "8", "--generations", "4",
+                                   "--lr", "1e-4"])  # fmt: skip
+    task = arms.make_task(s)
+    rows = arms.train_rows(task, s, 0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def quote(completions, **_):
+        return [f"QUOTE[{c[0]['content']}]" for c in completions]
+
+    def first_is_right(completions, **_):  # the first rollout of the second prompt succeeds
+        return [1.0 if i == 4 else 0.0 for i in range(len(completions))]
+
+    args = arms.arm_config("sdpo_mixed", s, "unused", 0, reward_weights=[1.0])
+    trainer = arms.counting_sdpo()(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=args,
+        train_dataset=Dataset.from_list(rows), reward_funcs=[first_is_right],
+        processing_class=tokenizer, rollout_feedback=quote,
+    )  # fmt: skip
+    batch = trainer._prepare_training_batch([rows[0]] * 4 + [rows[1]] * 4)
+    completions = tokenizer.batch_decode(batch["completion_ids"], skip_special_tokens=True)
+    teachers = tokenizer.batch_decode(batch["teacher_input_ids"], skip_special_tokens=True)
+    for i, (completion, teacher) in enumerate(zip(completions, teachers)):
+        quotes = [c for c in completions if f"QUOTE[{c}]" in teacher]
+        if i < 4:  # no sibling succeeded: the feedback on this very rollout, and only it
+            assert f"QUOTE[{completion}]" in teacher and len(set(quotes)) == 1, (i, teacher)
+        elif i == 4:  # the success itself: no teacher context at all
+            assert "QUOTE[" not in teacher and "Correct solution" not in teacher
+        else:  # a sibling succeeded: its solution, not this rollout's feedback
+            assert "Correct solution" in teacher and "QUOTE[" not in teacher, (i, teacher)
+    assert batch["self_distillation_mask"].tolist() == [1, 1, 1, 1, 0, 1, 1, 1]
+
+
+def test_the_probe_pairs_each_failed_attempt_with_a_fresh_sample(tiny_model_dir):
+    """Gate a on a real (untrained) tiny model: its figures, the paired difference and its
+    interval, on distinct training prompts of the rule."""
+    gates = sys.modules["learning_gates"]
+    _, s = learning.parse_options(["--rules", "1:11"])
+    probe = gates.probe(Path(tiny_model_dir), s, 16, tokens=(6, 4), temperature=0.7)
+    assert probe["failed_first_attempts"] == round(16 * (1 - probe["first_attempt_success"]))
+    diff = probe["retry_success_after_reflection"] - probe["resample_success"]
+    assert probe["retry_success_after_reflection_minus_fresh"] == pytest.approx(diff)
+    low, high = (probe[f"retry_success_after_reflection_minus_fresh_{x}"] for x in ("low", "high"))
+    assert not low > diff > high  # nan when every difference is 0, else an interval around it
+    for name in ("sdpo_teacher_success", "retry_success_with_the_rule"):
+        assert f"{name}_minus_fresh_low" in probe
+    rows = gates.probe_rows(arms.make_task(s), s, 24)
+    assert len({r["prompt"][-1]["content"] for r in rows}) == 24
+    assert all(arms.make_task(s).meta(r)["split"] == "train" for r in rows)
+
+
+def _synthetic_run(seed: int, end: float, tokens_per_step: int) -> dict:
+    """A recorded run: 20 steps whose r1 and held-out success rise linearly to `end`."""
+    steps = [{"step": i, "r1": [end * i / 20] * 8, "tokens": tokens_per_step * i,
+              "seconds": 0.1 * i} for i in range(1, 21)]  # fmt: skip
+    evals = [{"step": i, "tokens": tokens_per_step * i, "success": end * i / 20,
+              "train_success": end * i / 20} for i in (10, 20)]  # fmt: skip
+    return {"seed": seed, "steps": steps, "evals": evals, "retries": [], "memory_tail": []}
+
+
+def test_the_report_prints_per_rule_and_pooled_intervals_and_the_verdict(tmp_path, capsys):
+    """Two rules, every reported arm, 3 seeds: ERL ends 0.2 above both GRPO arms on every
+    seed at equal steps, but at GRPO's token total it is where GRPO is (it generates twice
+    the tokens a step), so the verdict must say it beats GRPO at equal steps only."""
+    opts, s = learning.parse_options(["--steps", "20", "--seeds", "3"])
+    ends = {"grpo": 0.4, "grpo_matched": 0.45, "erl": 0.65, "sdpo_mixed": 0.2, "sdpo_pure": 0.1}
+    tokens = {"grpo": 100, "grpo_matched": 200, "erl": 200, "sdpo_mixed": 100, "sdpo_pure": 100}
+    results, settings = {}, {}
+    for level, rule_seed in opts.rules[:2]:
+        label = f"{level}:{rule_seed}"
+        settings[label] = learning.rule_settings(s, level, rule_seed)
+        results[label] = {
+            arm: [_synthetic_run(seed, end + 0.01 * seed, tokens[arm]) | {"start": {
+                "success": 0.0, "train_success": 0.0}} for seed in range(3)]
+            for arm, end in ends.items()
+        }  # fmt: skip
+    verdict = report.report(results, settings, opts, tmp_path, "synthetic")
+    out = capsys.readouterr().out
+    assert verdict["erl"] == {"beats_grpo_equal_steps": True, "beats_sdpo_equal_steps": True,
+                              "beats_grpo_equal_tokens": False, "beats_sdpo_equal_tokens": True}  # fmt: skip
+    assert "erl - grpo_matched equal_steps pooled: +0.200" in out
+    assert "=== rule 1:11: a#b = a+b+5 ===" in out and "=== rule 1:3: a#b = a+b+1 ===" in out
+    assert "heldout_success_equal_steps[grpo]: 0.410" in out
+    assert (tmp_path / "learning_curves.png").exists()
+
+
+def test_the_sweep_report_picks_each_arms_best_rate(capsys):
+    opts, s = learning.parse_options(["--sweep", "1e-4,3e-4,1e-3", "--steps", "20",
+                                      "--methods", "grpo,erl"])  # fmt: skip
+    best = {"grpo": "0.001", "erl": "0.0003"}
+    results, settings = {}, {}
+    for rate in ("0.0001", "0.0003", "0.001"):
+        label = f"1:0 lr {rate}"
+        settings[label] = learning.rule_settings(s, 1, 0, rate)
+        results[label] = {
+            arm: [_synthetic_run(seed, 0.6 if rate == best[arm] else 0.3, 100)
+                  | {"start": {"success": 0.0}} for seed in (5, 6)]
+            for arm in ("grpo", "erl")
+        }  # fmt: skip
+    chosen = report.sweep_report(results, settings, opts)
+    assert chosen == {"grpo": 1e-3, "erl": 3e-4}
+    assert "best_lr: grpo=0.001,erl=0.0003" in capsys.readouterr().out

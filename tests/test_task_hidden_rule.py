@@ -89,6 +89,25 @@ def test_pair_rows_cover_a_split_once_and_fixed_splits_ignore_the_seed():
     assert all(fixed.meta(r)["split"] == "held_out" for r in fixed.generate(1, 20, seed=0))
 
 
+def test_max_operand_widens_every_level_and_defaults_to_the_levels_own():
+    default, wide = HiddenRuleTask(), get_task("hidden_rule", max_operand=24, rule_seed=5)
+    assert len(default.pairs(1, "all")) == 100 and len(default.pairs(1, "held_out")) == 20
+    assert default.pairs(5, "all")[0] == (10, 10) and default.pairs(5, "all")[-1] == (99, 99)
+    for level in (1, 2):
+        train, held = set(wide.pairs(level, "train")), set(wide.pairs(level, "held_out"))
+        assert len(held) == 125 and len(train) == 500 and not train & held
+        assert {a for pair in train | held for a in pair} == set(range(25))
+        for side in (0, 1):  # the split still holds out combinations, not operands
+            assert {p[side] for p in train} == {p[side] for p in held}
+    rows = wide.generate(1, 200, seed=0)
+    assert max(max(wide.meta(r)["a"], wide.meta(r)["b"]) for r in rows) > 9
+    assert all(int(r["answer"]) == wide.meta(r)["a"] + wide.meta(r)["b"] + 3 for r in rows)
+    # Level 5 starts at 10: a max_operand at or below it leaves no pairs, and says so.
+    assert wide.pairs(5, "all")[0] == (10, 10) and wide.pairs(5, "all")[-1] == (24, 24)
+    with pytest.raises(ValueError, match="max_operand 9 leaves level 5 no operands"):
+        get_task("hidden_rule", max_operand=9).pairs(5, "all")
+
+
 @pytest.mark.parametrize(
     ("config", "field"),
     [
@@ -98,6 +117,9 @@ def test_pair_rows_cover_a_split_once_and_fixed_splits_ignore_the_seed():
         ({"symbol": "+"}, "symbol"),
         ({"held_out_mod": 1}, "held_out_mod"),
         ({"rule_seed": "x"}, "rule_seed"),
+        ({"max_operand": -1}, "max_operand"),
+        ({"max_operand": "24"}, "max_operand"),
+        ({"max_operand": True}, "max_operand"),
     ],
 )
 def test_bad_config_names_the_field(config, field):

@@ -19,6 +19,10 @@ learned, not whether the training answers were memorised.
 | 3 | a*b+k | k in 1..9 | one digit |
 | 4 | a*k+b*m | k, m in 2..4 | one digit |
 | 5 | a*k+b | k in 2..4 | two digits |
+
+`max_operand` widens (or narrows) the operands of every level to `low..max_operand`, `low`
+being the level's smallest operand (0, or 10 at level 5): the same rules over more pairs,
+so a held-out set can hold more items (`max_operand=24` gives level 1 125 held-out pairs).
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class HiddenRuleConfig(TaskConfig):
     training pairs), 'train', 'held_out' or 'all'."""
     held_out_mod: int = 5
     """1 in `held_out_mod` operand pairs is held out."""
+    max_operand: int = 0
+    """The largest operand; 0 keeps each level's own (9, or 99 at level 5)."""
 
     def validate(self) -> None:
         if self.split not in SPLITS:
@@ -79,6 +85,15 @@ class HiddenRuleConfig(TaskConfig):
             )
         if not isinstance(self.held_out_mod, int) or self.held_out_mod < 2:
             raise ValueError(f"held_out_mod must be an integer >= 2, got {self.held_out_mod!r}")
+        if (
+            not isinstance(self.max_operand, int)
+            or isinstance(self.max_operand, bool)
+            or not (self.max_operand == 0 or 1 <= self.max_operand <= 999)
+        ):
+            raise ValueError(
+                "max_operand must be 0 (each level's own operands) or an integer in 1..999, "
+                f"got {self.max_operand!r}"
+            )
 
 
 class HiddenRuleTask(Task):
@@ -122,7 +137,7 @@ class HiddenRuleTask(Task):
         self.check_level(level)
         if split not in SPLITS[1:]:
             raise ValueError(f"split must be 'train', 'held_out' or 'all', got {split!r}")
-        return list(_pairs(LEVELS[level][1], self.config.held_out_mod, split))
+        return list(self._pairs(level, split))
 
     def pair_rows(self, level: int, split: str) -> list[Row]:
         """One row per operand pair of `split`, in order (a whole split, e.g. to evaluate)."""
@@ -142,8 +157,18 @@ class HiddenRuleTask(Task):
         split = self.config.split
         if split == "auto":
             split = "held_out" if seed >= HELD_OUT_SEED_BASE else "train"
-        a, b = random.Random(seed).choice(_pairs(LEVELS[level][1], self.config.held_out_mod, split))
+        a, b = random.Random(seed).choice(self._pairs(level, split))
         return self._row(level, a, b, split)
+
+    def _pairs(self, level: int, split: str) -> tuple[tuple[int, int], ...]:
+        digits = LEVELS[level][1]
+        low = 0 if digits == 1 else 10 ** (digits - 1)
+        high = self.config.max_operand or 10**digits - 1
+        if high <= low:
+            raise ValueError(
+                f"max_operand {high} leaves level {level} no operands: it must exceed {low}"
+            )
+        return _pairs(low, high, self.config.held_out_mod, split)
 
     def _generate_one(self, level: int, rng: random.Random) -> Row:
         # Not used: `generate` picks the split from the seed, which an rng does not carry.
@@ -166,11 +191,10 @@ class HiddenRuleTask(Task):
 
 
 @functools.lru_cache(maxsize=32)
-def _pairs(digits: int, held_out_mod: int, split: str) -> tuple[tuple[int, int], ...]:
-    """Operand pairs with `digits` digits; (a, b) is held out when (3a + 7b) % mod == 0, so
-    every a and every b is held out in some pairs and seen in others."""
-    low = 0 if digits == 1 else 10 ** (digits - 1)
-    every = [(a, b) for a in range(low, 10**digits) for b in range(low, 10**digits)]
+def _pairs(low: int, high: int, held_out_mod: int, split: str) -> tuple[tuple[int, int], ...]:
+    """Operand pairs in low..high; (a, b) is held out when (3a + 7b) % mod == 0, so every a
+    and every b is held out in some pairs and seen in others."""
+    every = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)]
     if split == "all":
         return tuple(every)
     held = split == "held_out"

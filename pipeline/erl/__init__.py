@@ -10,7 +10,6 @@
     budget.py           the memory budget: measured loss forwards, generate calls, meters
     memory.py           the cross-episode reflection memory
     prompts.py          the reflection and retry prompts, and the memory's text
-    feedback_warmup.py  SFT rows that teach a small model to read ERL's feedback
 
 Nothing here imports `pipeline.run`. Import the classes from `pipeline`
 (`from pipeline import ERLConfig, ERLTrainer`): that chooses the backend first.

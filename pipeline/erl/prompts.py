@@ -1,7 +1,7 @@
 """The text ERL shows the model: reflection and retry prompts, and the memory's lines.
 
 `ERLTrainer` builds its reflection and retry rows with these, the feedback-reading warm-up
-(`pipeline.erl.feedback_warmup`) builds its SFT rows with them, so that a warm-up shows
+(`bench/feedback_warmup.py`) builds its SFT rows with them, so that a warm-up shows
 the model exactly what training will, and evaluation prints prompts the same way.
 No torch or trl here.
 

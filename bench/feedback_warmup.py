@@ -24,7 +24,8 @@ the rule as the reflection ("a@b = a+b+2"), over many rules, so that the model l
 read a rule from feedback without learning any one rule.
 
 `sft_warmup(..., dataset=Dataset.from_list(feedback_rows(...)))` (pipeline/run/warmup.py)
-trains on them.
+trains on them. The learning bench (`bench/learning_gates.py`) is its one user, so it lives
+beside it, not in the algorithm's package.
 """
 
 from __future__ import annotations

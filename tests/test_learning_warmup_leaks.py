@@ -1,0 +1,114 @@
+"""The learning bench's warm-up holds no rule it will be run on, nor an answer to a held-out
+question (issue 26: the old warm-up's decoys included the run's own rule, and the reported
+rule's text was in 170 of its 9,500 rows). It builds the rows only; nothing is trained."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+learning = pytest.importorskip("learning")  # imports learning_arms (the backend) first
+arms = sys.modules["learning_arms"]
+gates = sys.modules["learning_gates"]
+
+
+def distinct_rules() -> list[tuple[int, int]]:
+    """One (level, rule_seed) per distinct rule of every level the bench accepts."""
+    from curriculum.tasks import get_task
+
+    rules, seen = [], set()
+    for level in gates.WARM_LEVELS:
+        for rule_seed in range(200):
+            text = get_task("hidden_rule", rule_seed=rule_seed).rule_text(level)
+            if text not in seen:
+                seen.add(text)
+                rules.append((level, rule_seed))
+    return rules
+
+
+def test_the_rules_enumerated_are_every_constant_of_each_level():
+    from curriculum.tasks.hidden_rule import LEVELS
+
+    rules = distinct_rules()
+    for level in gates.WARM_LEVELS:
+        (low, high), = LEVELS[level][2].values()  # fmt: skip
+        assert sum(lv == level for lv, _ in rules) == high - low + 1
+
+
+def test_no_warmup_row_leaks_any_rule_the_bench_accepts():
+    """Every distinct rule of every level the bench accepts, on the preset's operands: no
+    row states the rule or answers one of its held-out questions, and the "+" prior that
+    keeps GRPO fed is the same for every rule (nothing in it is tuned to the rule run)."""
+    _, s = learning.parse_options([])
+    priors = set()
+    for level, rule_seed in distinct_rules():
+        rs = learning.rule_settings(s, level, rule_seed)
+        task = arms.make_task(rs)
+        rows = gates.warm_dataset(rs).to_list()
+        leaks = gates.warmup_leaks(rows, task, level)
+        assert leaks["rule_text"] == leaks["held_out_answer"] == 0, (rs.rule, leaks)
+        assert leaks["run_symbol"] > 1000  # the run's symbol is read, under other rules
+        prior = gates.prior_rows(task, rs)
+        shown = {arms.digest(row) for row in rows}
+        assert all(arms.digest(row) in shown for row in prior)  # the warm-up's own prior
+        assert gates.warmup_leaks(prior, task, level)["run_symbol"] == 0
+        priors.add(arms.digest(prior))
+    assert len(priors) == 1
+
+
+def test_the_bench_refuses_levels_its_warmup_does_not_teach():
+    with pytest.raises(SystemExit):
+        learning.parse_options(["--rules", "3:0"])
+
+
+def _row(user: str, completion: str, system: str = "The operation # is hidden.") -> dict:
+    return {
+        "prompt": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "completion": [{"role": "assistant", "content": completion}],
+    }
+
+
+def test_the_leak_check_finds_each_kind_of_leak_and_nothing_else():
+    """The check the test above relies on: planted leaks of every kind are counted, and
+    look-alikes that are not leaks are not."""
+    from curriculum.tasks import get_task
+
+    task = get_task("hidden_rule", rule_seed=11, max_operand=24)  # a#b = a+b+5
+    (a, b), (c, d) = task.pairs(1, "held_out")[0], task.pairs(1, "train")[0]
+    answer = a + b + 5
+    leaks = {
+        "rule_text": [
+            _row(f"{c}@{d}\nAttempt: <answer>1</answer>\nFix:", "a#b = a+b+5"),  # a target
+            _row(f"{c}@{d}\nHint: a#b = a+b+5", "<answer>3</answer>"),  # a hint or lesson
+        ],
+        "held_out_answer": [
+            _row(f"{a}#{b}\nHint: a#b = a+b+4", f"<answer>{answer}</answer>"),  # a retry row
+            _row(f"{a}#{b}", f"<answer>{answer}</answer>"),  # a plain first attempt
+            _row(
+                f"{a}#{b}\nCorrect solution:\n\n<answer>{answer}</answer>\n\n", "<answer>0</answer>"
+            ),
+            # the answer implied by an attempt and the feedback's gap
+            _row(
+                f"{a}#{b}\nAttempt: <answer>{a + b}</answer>\nFeedback: The answer {a + b} "
+                "is wrong: it is 5 too low.\nFix:",
+                "a#b = a+b+3",
+            ),  # fmt: skip
+        ],
+    }
+    for kind, rows in leaks.items():
+        for row in rows:
+            assert gates.warmup_leaks([row], task, 1)[kind] == 1, (kind, row)
+    benign = [
+        _row(f"{c}#{d}", f"<answer>{c + d + 5}</answer>"),  # a training pair's answer
+        _row(f"{a}@{b}", f"<answer>{answer}</answer>", "The operation @ is hidden."),
+        _row(f"{a}#{b}", f"<answer>{answer + 1}</answer>"),  # a wrong answer
+        _row(f"1{a}#{b}", f"<answer>{answer}</answer>"),  # another question (1a#b)
+        _row(f"{c}@{d}\nHint: a@b = a+b+5", "<answer>3</answer>"),  # the rule, another symbol
+    ]
+    counts = gates.warmup_leaks(benign, task, 1)
+    assert counts["rule_text"] == counts["held_out_answer"] == 0
+    assert counts["run_symbol"] == 4
