@@ -253,7 +253,7 @@ def part_rl(base: str, out: Path, seeds: int, steps: int) -> None:
         figures = run_learning_bench(bench, *common, *extra)
         print(f"heldout_success_start: {figures['heldout_success_start']}")
         print(f"heldout_success_median[{label}]: {figures['heldout_success_equal_steps[grpo]']}")
-        print(f"heldout_success_min[{label}]: {figures['heldout_success_equal_steps_min[grpo]']}")
+        print(f"heldout_mean[{label}]: {figures['heldout_mean_equal_steps[grpo]']}")  # and CI
 
 
 def main(argv: list[str] | None = None) -> None:

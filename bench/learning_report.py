@@ -105,7 +105,9 @@ def _seeds(values: list[float]) -> str:
 
 def print_rule(label: str, runs: dict[str, list[dict]], s, opts) -> dict:
     """One rule's tables; returns its per-seed figures (held-out, steps, tokens)."""
-    print(f"\n=== rule {label}: {make_task(s).rule_text(s.level)} ===")
+    task = make_task(s)  # hidden_rule states its rule; arithmetic has none
+    name = task.rule_text(s.level) if hasattr(task, "rule_text") else f"{s.task} level {s.level}"
+    print(f"\n=== rule {label}: {name} ===")
     every = max(1, s.steps // 10)
     print(f"r1 (mean over seeds, over {every}-step blocks) as step/tokens/seconds:r1:")
     for arm, arm_runs in runs.items():
@@ -130,8 +132,10 @@ def print_rule(label: str, runs: dict[str, list[dict]], s, opts) -> dict:
 
     figures = held_out(runs, s)
     start = runs["grpo"][0]["start"]
-    print(f"held-out greedy success ({len(make_task(s).pairs(s.level, 'held_out'))} pairs; "
-          f"start {start['success']:.3f}), per seed, mean and 95% CI:")  # fmt: skip
+    size = (f"{len(task.pairs(s.level, 'held_out'))} pairs" if hasattr(task, "pairs")
+            else f"{s.eval_n} prompts")  # fmt: skip
+    print(f"held-out greedy success ({size}; start {start['success']:.3f}), per seed, mean "
+          "and 95% CI:")  # fmt: skip
     for arm, by in figures.items():
         for measure, values in by.items():
             print(f"  {arm:24s} {MEASURES[measure]:32s} {_seeds(values)}  {interval(values)}")

@@ -175,3 +175,4 @@ def test_the_learning_bench_trains_on_ratings_of_its_own_warm_policy(tiny_model_
     assert f"reward: the learned model {(tmp_path / 'rm').resolve()}#" in printed
     for name in ("heldout_success_start", "heldout_success_equal_steps[grpo]"):
         assert 0.0 <= float(figures[name]) <= 1.0, name
+    assert "heldout_mean_equal_steps[grpo]" in figures  # what bench/learned_reward.py prints
