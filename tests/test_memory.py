@@ -276,13 +276,14 @@ def test_memory_is_checkpointed_and_restored_on_resume(
 
 
 def test_global_rulebook_is_checkpointed_and_restored_on_resume(
-    tiny_model_dir, arithmetic_dataset, erl_args, tmp_path
+    tiny_model_dir, arithmetic_dataset, erl_args, tmp_path, monkeypatch
 ):
     """`memory_scope="global"` keeps no state of its own: the rulebook is the newest entry
     of the saved memory, so a resumed trainer shows every reflection the same rulebook."""
     from conftest import alternating_reward
 
     from pipeline import ERLTrainer
+    from pipeline.erl import step as erl_step
 
     reward, _ = alternating_reward()
     options = dict(reward_threshold=0.5, memory_scope="global", memory_size=1)
@@ -307,8 +308,27 @@ def test_global_rulebook_is_checkpointed_and_restored_on_resume(
     )
     assert resumed.erl_step.memory_for("any prompt") == "(none yet)"
     shown = []  # what step 2's reflection prompts were given as {memory}
-    own = resumed.erl_step.memory_for
-    resumed.erl_step.memory_for = lambda text: shown.append(own(text)) or shown[-1]
+    own = erl_step.reflection_prompt
+    monkeypatch.setattr(
+        erl_step,
+        "reflection_prompt",
+        lambda *args, memory, **kwargs: shown.append(memory) or own(*args, memory=memory, **kwargs),
+    )
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
     assert shown and set(shown) == {rulebook}  # every prompt of step 2: the restored rulebook
     assert resumed.memory.state_dict()["added"] == 16
+
+
+def test_a_lesson_is_confirmed_by_three_successes_and_lost_by_more_failures():
+    memory = ReflectionMemory(5, scope="similar")
+    memory.add("What is 3#4?", "a#b = a+b+5", step=0)
+    memory.add("What is 3#4?", "a#b = a+b+5", step=1)  # a restatement: 2 successes
+    assert memory.confirmed("What is 3#4?") is None
+    memory.add("What is 3#4?", "a#b = a+b+5", step=2)  # 3: confirmed where a word is shared
+    assert memory.confirmed("What is 7#7?").reflection == "a#b = a+b+5"
+    assert memory.confirmed("zzz") is None  # "similar" with no shared word: not this lesson
+    (entry,) = list(memory)
+    for _ in range(4):  # 4 failed readers against 3 successes
+        memory.record([entry.order], success=False)
+    assert memory.confirmed("What is 7#7?") is None
+    assert ReflectionMemory(5, confirmations=False).confirmed("x") is None

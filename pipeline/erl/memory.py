@@ -44,6 +44,10 @@ _TAG = re.compile(r"</?\w+>")
 # them: 'a#b = = = = = =', 'a~b a$b a#b a%b'.
 _REPEAT_MIN_CHUNKS = 4
 _REPEAT_SHARE = 0.6
+# A lesson is confirmed (a retry may read it without a new reflection: ERLConfig.reuse_lessons)
+# once its record holds this many successful retries, the admitting one included, and at
+# least as many successes as failures.
+CONFIRMED_SUCCESSES = 3
 
 
 def _normalised(text: str) -> str:
@@ -136,6 +140,16 @@ class ReflectionMemory:
         self._entries: list[MemoryEntry] = []
         self._added = 0
         self.outcomes: Counter[str] = Counter()  # add()'s answers since the last pop_outcomes
+
+    @classmethod
+    def for_settings(cls, settings) -> ReflectionMemory:
+        """The memory an `ERLConfig` asks for (size 0 when its memory is off)."""
+        return cls(
+            settings.memory_size if settings.enable_memory else 0,
+            scope=settings.memory_scope,
+            lessons_only=settings.memory_lessons_only,
+            confirmations=settings.memory_confirmations,
+        )
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -230,6 +244,25 @@ class ReflectionMemory:
             return (len(query & words) / union if union else 0.0, *self._rank(entry))
 
         return sorted(self._entries, key=relevance, reverse=True)[:k]
+
+    def confirmed(self, prompt: str) -> MemoryEntry | None:
+        """The strongest entry the memory's scope shows `prompt` (under "similar", one whose
+        prompt shares a word with it), if its record confirms it (CONFIRMED_SUCCESSES, and no
+        more failures than successes); else None."""
+        if not self.confirmations:
+            return None
+        top = self.lookup(prompt, 1)
+        if not top:
+            return None
+        entry = top[0]
+        if self.scope == "similar" and not _words(entry.prompt) & _words(prompt):
+            return None  # "similar" ranks every entry; one sharing no word is no lesson here
+        failures = entry.reads - entry.successes
+        return (
+            entry
+            if entry.successes >= CONFIRMED_SUCCESSES and failures <= entry.successes
+            else None
+        )
 
     def rulebook(self) -> list[MemoryEntry]:
         """Every entry, strongest first: what the global rulebook stands on."""
