@@ -174,7 +174,10 @@ def memory_figures(run: dict, rule: str) -> dict[str, float] | None:
 def print_memory(label: str, runs: dict[str, list[dict]], s) -> dict[str, list[dict]]:
     """Per ERL arm and seed: the final memory's entries, degenerate entries and the share
     stating the rule (the global rulebook's, strongest first); returns them per arm."""
-    rule = make_task(s).rule_text(s.level)
+    task = make_task(s)
+    if not hasattr(task, "rule_text"):  # arithmetic: each lesson is a fact, no rule to state
+        return {}
+    rule = task.rule_text(s.level)
     shown = {}
     for arm, arm_runs in runs.items():
         figures = [memory_figures(run, rule) for run in arm_runs]
