@@ -307,6 +307,14 @@ def test_a_confirmed_lesson_is_read_directly_and_its_record_counts_the_retry():
     assert result.metrics["erl/lessons_reused"] == 1.0
     (entry,) = [e for e in memory if e.prompt == "q"]
     assert (entry.reads, entry.successes) == (4, 4)
+    # Every gated row reads a confirmed lesson: no reflection call at all.
+    backend = Backend(solvable={"q"})
+    result = ERLStep(settings(reuse_lessons=True), memory)(
+        backend, first_attempts(["q", "q"], torch.zeros(2)), step=2
+    )
+    ((retries, _),) = backend.generated
+    assert len(retries) == 2 and result.metrics["erl/reflections"] == 0.0
+    assert result.rows.parts == [PART_RETRY] * 2 + [PART_INTERNALIZATION] * 2
     # Without reuse_lessons the same memory still gets a fresh reflection for "q".
     backend = Backend(solvable={"q"})
     ERLStep(settings(), memory)(backend, first_attempts(["q"], torch.zeros(1)), step=2)

@@ -407,7 +407,9 @@ class ERLStep:
         units = self._units(processes, texts, valid, feedback, step, r1.device)
         reflecting = [u for u in units if u.reflect]
         reflections = None
-        if s.enable_reflection:
+        # Every process has as many reflecting units (padded), so none has any or all do;
+        # with reuse_lessons every row may read a confirmed lesson and none reflect.
+        if s.enable_reflection and reflecting:
             reflection_prompts = [
                 reflection_prompt(
                     prompts[u.row],
