@@ -1,9 +1,9 @@
-"""Does ERL learn faster than GRPO, and than TRL's SDPO? All arms from one warm checkpoint.
+"""Does ERL learn faster than GRPO and TRL's SDPO? Every arm from the rule's warm checkpoint.
 
     python bench/learning.py                      # the reported configuration: hidden_rule,
                                                   #   3 rules x 5 seeds, grpo, grpo_matched,
                                                   #   erl, sdpo_mixed, sdpo_pure + the gates
-    python bench/learning.py --sweep 2e-4,5e-4,1e-3,2e-3   # the learning-rate sweep: every
+    python bench/learning.py --sweep 1e-6,1e-5,5e-5,2e-4,5e-4,2e-3   # the LR sweep: every
                                                   #   arm at each rate, on the tuning rule and
                                                   #   seeds the report does not use
     python bench/learning.py --ablations --seeds 3          # + the ERL ablations
@@ -88,9 +88,9 @@ PRESETS = {
         style="rule",
         reward="binary",
         steps=60,
-        # Each arm's best rate from `python bench/learning.py --sweep 2e-4,5e-4,1e-3,2e-3`
-        # (rule 1:0, seeds 5 and 6; the table is in docs/results.md).
-        lr="5e-4",
+        # Each arm's best rate from `python bench/learning.py --sweep
+        # 1e-6,1e-5,5e-5,2e-4,5e-4,2e-3` (rule 1:0, seeds 5, 6; the table: docs/results.md).
+        lr="grpo=5e-05,grpo_matched=0.0002,erl=0.0002,sdpo_mixed=0.0002,sdpo_pure=1e-05",
         lr_scheduler="constant",
         lr_warmup_steps=0,
         batch=64,

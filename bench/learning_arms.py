@@ -367,7 +367,9 @@ def run_key(
     feedback specs, the task's config, the warm checkpoint, the training rows, the library
     versions and `extra` (SDPO's contexts, a learned reward model)."""
     task = make_task(s)
-    settings = asdict(s) | {"stop": s.stop_at(name)}  # this arm's stop, not the others'
+    # This arm's stop and learning rate, not the others': another arm's rate decides nothing
+    # here (`--lr erl=2e-4` keeps the GRPO runs cached). A single rate reads as `--lr` did.
+    settings = asdict(s) | {"stop": s.stop_at(name), "lr": f"{s.learning_rate(name):g}"}
     return digest(
         {
             "schema": BENCH_SCHEMA,

@@ -246,7 +246,7 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
                     f["reached"][x]["all"] for f in per_rule.values() for x in (arm, ref)
                 )
                 _, ci = paired(r, a)
-                print(f"  {ref} - {arm} {key}s to the threshold pooled: {ci}"
+                print(f"  {ref} - {arm} {key.rstrip('s')}s to the threshold pooled: {ci}"
                       + (" (a bound: some runs never reached it)" if censored else ""))  # fmt: skip
 
     print("\nfinal memories (entries/degenerate/share stating the rule) and each candidate's "

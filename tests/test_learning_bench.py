@@ -182,8 +182,18 @@ def test_the_run_key_changes_with_what_decides_a_result(monkeypatch):
     monkeypatch.undo()
     for what, value in changed.items():
         assert value != base, what
-    # The unrelated stop of another arm leaves this arm's key alone.
+    # The unrelated stop or learning rate of another arm leaves this arm's key alone.
     assert key(name="grpo", settings=dataclasses.replace(s, stop="erl=5")) == key(name="grpo")
+    own = dataclasses.replace(s, lr="grpo=5e-4,erl=1e-3")
+    assert key(name="grpo", settings=own) == key(
+        name="grpo", settings=dataclasses.replace(s, lr="grpo=5e-4,erl=2e-3")
+    )
+    assert key(name="grpo", settings=own) == key(
+        name="grpo", settings=dataclasses.replace(s, lr="5e-4")
+    )
+    assert key(name="erl", settings=own) != key(
+        name="erl", settings=dataclasses.replace(s, lr="5e-4")
+    )
 
 
 @pytest.mark.parametrize(
