@@ -140,7 +140,20 @@ VARIANTS = {  # further arms: docs/log.md has what each measured
     ),
     "sdpo_rule": arm("sdpo", context="rule", distillation_weight=0.5, lr_from="sdpo_mixed", **SDPO),
 }
-ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS}
+# What the memory keeps, how a reflection is credited, how many reflections are written
+# (issue 27; ERLConfig's options, docs/erl.md). Each changes one thing against `erl`.
+LESSONS = dict(memory_lessons_only=True, memory_confirmations=True)
+LESSON_ARMS = {
+    "erl_lessons": arm(**LESSONS, lr_from="erl"),  # no degenerate entry; confirmations
+    "erl_min_gain": arm(**LESSONS, memory_min_gain=0.5, lr_from="erl"),
+    # the reflection's advantage: its retry's reward minus its prompt's first-attempt mean
+    "erl_prompt_baseline": arm(reflection_advantage="siblings", lr_from="erl"),
+    # two reflections per failed attempt, each against the other's retry
+    "erl_siblings": arm(reflections_per_attempt=2, reflection_advantage="siblings", lr_from="erl"),
+    "erl_per_group": arm(reflect_per_group=1, lr_from="erl"),  # one failed attempt a group
+    "erl_reuse": arm(**LESSONS, reuse_lessons=True, lr_from="erl"),  # no reflection if confirmed
+}
+ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS, **LESSON_ARMS}
 BASELINES = ("grpo", "grpo_matched")
 """The GRPO arms: the verdict compares every other ERLTrainer arm with the better of them."""
 
@@ -600,4 +613,14 @@ def train_one(
         "evals": recorder.evals,
         "retries": list(RETRY_LOG),
         "memory_tail": memory[-3:],
+        # the final memory, strongest first (the global rulebook's order), with its records
+        "memory": [
+            {
+                "prompt": e.prompt,
+                "reflection": e.reflection,
+                "reads": e.reads,
+                "successes": e.successes,
+            }  # fmt: skip
+            for e in (trainer.memory.rulebook() if hasattr(trainer, "memory") else [])
+        ],
     }

@@ -18,6 +18,8 @@ from pathlib import Path
 from learning_arms import BASELINES, is_sdpo, make_task
 from learning_stats import Interval, interval, paired
 
+from pipeline.erl.memory import lesson_problem
+
 MEASURES = {"equal_steps": "at equal steps", "equal_tokens": "at equal tokens (GRPO's total)"}
 
 
@@ -156,6 +158,52 @@ def print_rule(label: str, runs: dict[str, list[dict]], s, opts) -> dict:
     return {"held_out": figures, "reached": reached, "start": start}
 
 
+def memory_figures(run: dict, rule: str) -> dict[str, float] | None:
+    """What a run's final memory holds: its entries, how many are no lesson (memory.py's
+    `lesson_problem`: empty, an answer, a copy of the prompt, a repeated term), and the
+    share that state the true rule (as the probe counts it: the rule's text exactly). None
+    for a run that recorded no memory (an older cache entry, or an arm without one)."""
+    entries = run.get("memory")
+    if not entries:
+        return None if entries is None else {"entries": 0, "degenerate": 0, "rule_share": 0.0}
+    degenerate = sum(lesson_problem(e["reflection"], e["prompt"]) is not None for e in entries)
+    stating = sum(e["reflection"].strip() == rule for e in entries)
+    return {"entries": len(entries), "degenerate": degenerate, "rule_share": stating / len(entries)}
+
+
+def print_memory(label: str, runs: dict[str, list[dict]], s) -> dict[str, list[dict]]:
+    """Per ERL arm and seed: the final memory's entries, degenerate entries and the share
+    stating the rule (the global rulebook's, strongest first); returns them per arm."""
+    task = make_task(s)
+    if not hasattr(task, "rule_text"):  # arithmetic: each lesson is a fact, no rule to state
+        return {}
+    rule = task.rule_text(s.level)
+    shown = {}
+    for arm, arm_runs in runs.items():
+        figures = [memory_figures(run, rule) for run in arm_runs]
+        if not any(figures):
+            continue
+        shown[arm] = [f for f in figures if f]
+        cells = [
+            f"{f['entries']}/{f['degenerate']}/{f['rule_share']:.2f}" if f else "-" for f in figures
+        ]
+        print(f"  {arm:24s} rule {label} memory entries/degenerate/share stating {rule!r}, "
+              f"per seed: {' '.join(cells)}")  # fmt: skip
+    return shown
+
+
+def ratio_to_grpo(per_rule: dict, arm: str, key: str) -> tuple[list[float], Interval, bool]:
+    """`arm`'s steps (or tokens) to the threshold over GRPO's, per seed pooled over the
+    rules, with the 95% interval of their mean; and whether every run of both reached it
+    (if not, a run's total stands in for its crossing and the ratio is a bound)."""
+    ratios, censored = [], False
+    for f in per_rule.values():
+        mine, theirs = f["reached"][arm], f["reached"]["grpo"]
+        ratios += [a / b for a, b in zip(mine[key], theirs[key])]
+        censored |= not (mine["all"] and theirs["all"])
+    return ratios, interval(ratios), censored
+
+
 def references(arms: list[str], arm: str) -> list[str]:
     """What `arm` is compared with: every GRPO arm, and every SDPO arm unless it is one."""
     refs = [a for a in arms if a in BASELINES]
@@ -200,6 +248,21 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
                 _, ci = paired(r, a)
                 print(f"  {ref} - {arm} {key.rstrip('s')}s to the threshold pooled: {ci}"
                       + (" (a bound: some runs never reached it)" if censored else ""))  # fmt: skip
+
+    print("\nfinal memories (entries/degenerate/share stating the rule) and each candidate's "
+          "steps and generated tokens to the threshold over GRPO's (pooled, mean and 95% CI):")  # fmt: skip
+    for label, runs in results.items():
+        for arm, figures in print_memory(label, runs, settings[label]).items():
+            print(f"memory_degenerate_entries[{arm}, {label}]: "
+                  f"{sum(f['degenerate'] for f in figures)}")  # fmt: skip
+            share = statistics.fmean(f["rule_share"] for f in figures)
+            print(f"memory_rule_share[{arm}, {label}]: {share:.3f}")
+    for arm in [a for a in arms if a not in BASELINES and not is_sdpo(a)]:
+        for key, name in (("step", "steps"), ("tokens", "tokens")):
+            ratios, ci, censored = ratio_to_grpo(per_rule, arm, key)
+            bound = " (a bound: some runs never reached it)" if censored else ""
+            print(f"{arm}_grpo_{name}_ratio: {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]"
+                  f"{bound}")  # fmt: skip
 
     plot(results, opts.threshold, title, out / "learning_curves.png")
     print(f"\ncurves: {out / 'learning_curves.png'}\n")

@@ -53,6 +53,11 @@ def settings(**overrides):
         max_completion_length=8,
         memory_top_k=3,
         memory_scope="same_prompt",
+        memory_min_gain=0.0,
+        reflections_per_attempt=1,
+        reflection_advantage="retry",
+        reflect_per_group=0,
+        reuse_lessons=False,
     )
     return SimpleNamespace(**{**values, **overrides})
 
@@ -121,6 +126,7 @@ def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
     backend = Backend(solvable={"What is 1+1?"})
     memory = ReflectionMemory(10)
     memory.add("What is 2+2?", "Add two twos.", step=0)
+    memory.pop_outcomes()  # the metrics count what this step's reflections did
     result = ERLStep(settings(), memory)(backend, first_attempts(questions, r1), step=7)
 
     (reflections, length), (retries, _) = backend.generated
@@ -145,10 +151,11 @@ def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
     assert rows.advantages[6:] == [0.7, 0.7]
     assert rows.prompt_ids[6] == ids("What is 1+1?") and rows.completion_ids[6] == ids("right")
     assert rows.valid == [True] * 8 and rows.trainable == [False] * 3 + [True] * 5
-    # Memory: the two successful reflections, in order, at the step.
-    assert [(e.prompt, e.reflection, e.step) for e in memory][1:] == [
-        ("What is 1+1?", "Check What is 1+1? again.", 7)
-    ] * 2
+    # Memory: the two successful reflections, at the step; the second restates the first,
+    # so it confirms that entry instead of entering twice.
+    assert [(e.prompt, e.reflection, e.step, e.successes) for e in memory][1:] == [
+        ("What is 1+1?", "Check What is 1+1? again.", 7, 2)
+    ]
     assert result.metrics == {
         "erl/r1_mean": pytest.approx(0.3),  # NaN left out
         "erl/gated_fraction": 0.6,
@@ -156,7 +163,11 @@ def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
         "erl/retry_success_rate": pytest.approx(2 / 3),
         "erl/internalization_rows": 2.0,
         "erl/internalization_loss": pytest.approx(0.25 * 0.7),
-        "erl/memory_size": 3.0,
+        "erl/memory_size": 2.0,
+        "erl/reflections": 3.0,
+        "erl/memory_below_gain": 0.0,
+        "erl/memory_stored": 1.0,
+        "erl/memory_confirmed": 1.0,
     }
 
 
@@ -210,6 +221,104 @@ def test_unscorable_retries_carry_no_signal():
         result.metrics["erl/retry_success_rate"] == 0.0
         and "erl/internalization_loss" not in result.metrics
     )
+
+
+class TwoMinds(Backend):
+    """Reflections alternate between two texts; only a retry reading the first succeeds."""
+
+    def generate(self, prompts, max_new_tokens):
+        self.generated.append((list(prompts), max_new_tokens))
+        texts = []
+        for prompt in prompts:
+            text = content(prompt)
+            if text.startswith("You tried"):
+                texts.append("Add five." if len(texts) % 2 == 0 else "Add one.")
+            else:
+                texts.append("right" if text.endswith("Add five.") else "wrong")
+        return Generated(
+            [ids(content(p)) for p in prompts], [ids(t) for t in texts], texts, [None] * len(texts)
+        )
+
+
+def test_sibling_reflections_are_credited_against_each_other_not_by_the_retry():
+    """Two reflections on one failed attempt: the helpful one gets +1, the other -1 (its
+    sibling's retry is the baseline); the retries keep their own group advantage."""
+    result = ERLStep(settings(reflections_per_attempt=2, reflection_advantage="siblings"),
+                     ReflectionMemory(5))(TwoMinds(), first_attempts(["q"], torch.zeros(1)), step=1)  # fmt: skip
+    rows = result.rows
+    assert rows.parts == [PART_RETRY] * 4 + [PART_INTERNALIZATION]
+    assert rows.advantages[:2] == pytest.approx([1.0, -1.0])  # the two reflections
+    std = torch.tensor([1.0, 0.0]).std().item()
+    assert rows.advantages[2:4] == pytest.approx([0.5 / (std + 1e-4), -0.5 / (std + 1e-4)])
+    assert result.metrics["erl/reflections"] == 2.0
+    # With `retry` credit both reflections would carry their retry's (group) advantage.
+    plain = ERLStep(settings(reflections_per_attempt=2), ReflectionMemory(5))(
+        TwoMinds(), first_attempts(["q"], torch.zeros(1)), step=1
+    )
+    assert plain.rows.advantages[:2] == pytest.approx(plain.rows.advantages[2:4])
+
+
+def test_a_lone_reflection_is_credited_against_its_prompts_first_attempts():
+    """One failed attempt of a group whose other attempt succeeded (mean r1 0.5): a
+    successful retry's reflection gets r2 - 0.5, whatever its text."""
+    result = ERLStep(settings(reflection_advantage="siblings"), ReflectionMemory(5))(
+        Backend(solvable={"q"}), first_attempts(["q", "q"], torch.tensor([0.0, 1.0])), step=1
+    )
+    assert result.rows.advantages[0] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("min_gain, stored", [(0.5, 1), (0.6, 0)])
+def test_a_reflection_enters_only_when_its_retry_beats_its_prompt_by_min_gain(min_gain, stored):
+    """The retry succeeds (r2 1) where the prompt's first attempts averaged 0.5: a gain of
+    0.5, enough for memory_min_gain 0.5 and not for 0.6 (counted as refused)."""
+    memory = ReflectionMemory(5)
+    result = ERLStep(settings(memory_min_gain=min_gain), memory)(
+        Backend(solvable={"q"}), first_attempts(["q", "q"], torch.tensor([0.0, 1.0])), step=1
+    )
+    assert len(memory) == stored
+    assert result.metrics["erl/memory_below_gain"] == float(1 - stored)
+    assert result.metrics["erl/retry_success_rate"] == 1.0  # the retry itself still counts
+
+
+def test_reflect_per_group_reflects_on_the_first_failed_attempts_of_each_prompt():
+    backend = Backend(solvable={"q"})
+    step = ERLStep(settings(reflect_per_group=1), ReflectionMemory(5))
+    result = step(backend, first_attempts(["q", "q", "z", "q"], torch.zeros(4)), step=1)
+    (reflections, _), (retries, _) = backend.generated
+    assert len(reflections) == 2 and len(retries) == 2  # one for "q", one for "z"
+    assert [content(p).split("\n\n")[0] for p in retries] == ["q", "z"]
+    assert result.metrics["erl/gated_fraction"] == 1.0  # every row was gated all the same
+    assert step.tally["reflections"] == 2
+
+
+def test_a_confirmed_lesson_is_read_directly_and_its_record_counts_the_retry():
+    """With reuse_lessons, a prompt whose lesson holds 3 successes retries with it: no
+    reflection is written; the retry's outcome enters the lesson's record."""
+    memory = ReflectionMemory(5, scope="same_prompt", confirmations=True)
+    for _ in range(3):  # stored once, then confirmed twice
+        memory.add("q", "Check q again.", step=0)
+    memory.pop_outcomes()
+    backend = Backend(solvable={"q"})
+    step = ERLStep(settings(reuse_lessons=True), memory)
+    result = step(backend, first_attempts(["q", "z"], torch.zeros(2)), step=1)
+    (reflections, _), (retries, _) = backend.generated
+    assert len(reflections) == 1 and "z" in reflections[0][0]["content"]  # only "z" reflects
+    assert any(content(p) == "q\n\nAdvice from a previous attempt: Check q again." for p in retries)
+    assert result.metrics["erl/lessons_reused"] == 1.0
+    (entry,) = [e for e in memory if e.prompt == "q"]
+    assert (entry.reads, entry.successes) == (4, 4)
+    # Every gated row reads a confirmed lesson: no reflection call at all.
+    backend = Backend(solvable={"q"})
+    result = ERLStep(settings(reuse_lessons=True), memory)(
+        backend, first_attempts(["q", "q"], torch.zeros(2)), step=2
+    )
+    ((retries, _),) = backend.generated
+    assert len(retries) == 2 and result.metrics["erl/reflections"] == 0.0
+    assert result.rows.parts == [PART_RETRY] * 2 + [PART_INTERNALIZATION] * 2
+    # Without reuse_lessons the same memory still gets a fresh reflection for "q".
+    backend = Backend(solvable={"q"})
+    ERLStep(settings(), memory)(backend, first_attempts(["q"], torch.zeros(1)), step=2)
+    assert len(backend.generated) == 2
 
 
 class ThreadProcesses:
@@ -273,8 +382,9 @@ def test_two_processes_pad_to_the_global_count_credit_together_and_remember_alik
     assert b.rows.advantages[:2] == pytest.approx([wrong, 0.0])  # the copy carries nothing
     assert a.metrics == b.metrics and a.metrics["erl/gated_fraction"] == 0.75
     assert a.metrics["erl/retry_success_rate"] == pytest.approx(2 / 3)
-    assert [e.reflection for e in memories[0]] == [e.reflection for e in memories[1]]
-    assert len(memories[0]) == 2
+    # Both processes' successful reflections restate one lesson: one entry, confirmed twice.
+    assert [(e.reflection, e.successes) for e in memories[0]] == [("Check q again.", 2)]
+    assert [(e.reflection, e.successes) for e in memories[1]] == [("Check q again.", 2)]
 
 
 def test_call_feedback_passes_the_columns_and_names_a_bad_function():

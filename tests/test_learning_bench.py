@@ -323,8 +323,21 @@ def test_the_report_prints_per_rule_and_pooled_intervals_and_the_verdict(tmp_pat
                 "success": 0.0, "train_success": 0.0}} for seed in range(3)]
             for arm, end in ends.items()
         }  # fmt: skip
+        for run in results[label]["erl"]:  # the rule itself, and a repeated term
+            run["memory"] = [{"prompt": "3#4 = ?", "reflection": text, "reads": 2,
+                              "successes": 1} for text in ("a#b = a+b+5", "a#b = = = = = =")]  # fmt: skip
     verdict = report.report(results, settings, opts, tmp_path, "synthetic")
     out = capsys.readouterr().out
+    assert "erl                      rule 1:11 memory entries/degenerate/share stating" in out
+    assert "per seed: 2/1/0.50 2/1/0.50 2/1/0.50" in out
+    assert "memory_degenerate_entries[erl, 1:11]: 3" in out
+    assert (
+        "memory_rule_share[erl, 1:11]: 0.500" in out and "memory_rule_share[erl, 1:3]: 0.000" in out
+    )
+    assert "memory_rule_share[grpo" not in out  # no memory recorded: no line
+    # No run reaches 0.6 over 256 attempts in 20 steps: the totals' ratio, marked as a bound.
+    assert "erl_grpo_tokens_ratio: 2.000 [2.000, 2.000] (a bound" in out
+    assert "erl_grpo_steps_ratio: 1.000" in out
     assert verdict["erl"] == {"beats_grpo_equal_steps": True, "beats_sdpo_equal_steps": True,
                               "beats_grpo_equal_tokens": False, "beats_sdpo_equal_tokens": True}  # fmt: skip
     assert "erl - grpo_matched equal_steps pooled: +0.200" in out

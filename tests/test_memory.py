@@ -1,15 +1,149 @@
-"""The reflection memory: FIFO order, top-k relevance, persistence, survival across resume."""
+"""The reflection memory: what it refuses, what a confirmation does, what it evicts,
+top-k relevance, the rulebook, persistence, survival across resume."""
 
 from __future__ import annotations
 
+import doctest
 import json
+import random
 
 import pytest
 
-from pipeline.erl.memory import MEMORY_FILE, ReflectionMemory
+import pipeline.erl.memory as memory_module
+from pipeline.erl.memory import MEMORY_FILE, ReflectionMemory, lesson_problem
+
+HIDDEN_RULE_PROMPT = "The operation # is hidden. Reply only with <answer>N</answer>.\n3#4"
 
 
-def test_fifo_drops_the_oldest():
+def test_the_modules_examples_hold():
+    assert doctest.testmod(memory_module).failed == 0
+
+
+@pytest.mark.parametrize(
+    "reflection, problem",
+    [
+        # The degenerate rulebook tails measured on the bench (issue 27), one per seed.
+        ("", "empty"),
+        ("  ", "empty"),
+        ("= = =", "empty"),
+        ("<answer>", "answer_format"),
+        ("<answer>7</answer>", "answer_format"),
+        ("<answer>7", "answer_format"),
+        ("a#b = = = = = =", "repetitive"),
+        ("a~b = = = = = =", "repetitive"),
+        ("a%b = = = = = =", "repetitive"),
+        ("a~b a$b a#b a%b", "repetitive"),
+        ("a#b a$b a~b a~b", "repetitive"),
+        ("the the the the", "repetitive"),
+        ("3#4", "prompt_copy"),
+        ("The operation # is hidden.", "prompt_copy"),
+        # Lessons, right or wrong, stay.
+        ("a#b = a+b+2", None),
+        ("a#b = a+b", None),
+        ("It is 2 too low: add 2 more.", None),
+        ("The answer is 7, not 5.", None),
+        ("Write the sum, then close the tag: <answer>N</answer>.", None),
+    ],
+)
+def test_what_is_no_lesson(reflection, problem):
+    assert lesson_problem(reflection, HIDDEN_RULE_PROMPT) == problem
+
+
+def test_no_lesson_is_refused_and_counted_by_reason():
+    memory = ReflectionMemory(max_size=10)
+    outcomes = [
+        memory.add(HIDDEN_RULE_PROMPT, text, step=1)
+        for text in ("", "<answer>7</answer>", "a#b = = = = = =", "3#4", "a#b = a+b+2")
+    ]
+    assert outcomes == ["empty", "answer_format", "repetitive", "prompt_copy", "stored"]
+    assert [e.reflection for e in memory] == ["a#b = a+b+2"]
+    assert memory.pop_outcomes() == {
+        "empty": 1, "answer_format": 1, "repetitive": 1, "prompt_copy": 1, "stored": 1
+    }  # fmt: skip
+    assert memory.pop_outcomes() == {}
+    # lessons_only=False (the ablation) stores whatever preceded a success.
+    anything = ReflectionMemory(max_size=10, lessons_only=False)
+    assert anything.add(HIDDEN_RULE_PROMPT, "a#b = = = = = =", step=1) == "stored"
+
+
+def test_a_restated_lesson_confirms_its_entry_instead_of_entering_twice():
+    memory = ReflectionMemory(max_size=10, scope="same_prompt")
+    assert memory.add("3#4", "a#b = a+b+2", step=1) == "stored"
+    assert memory.add("3#4", " A#B  =  a+b+2 ", step=2) == "confirmed"  # case and spaces
+    assert memory.add("5#1", "a#b = a+b+2", step=2) == "stored"  # another prompt's own
+    assert [(e.prompt, e.reads, e.successes) for e in memory] == [("3#4", 2, 2), ("5#1", 1, 1)]
+    # In the global rulebook the same rule from any prompt is one entry.
+    rulebook = ReflectionMemory(max_size=10, scope="global")
+    rulebook.add("3#4", "a#b = a+b+2", step=1)
+    assert rulebook.add("5#1", "a#b = a+b+2", step=2) == "confirmed"
+    assert len(rulebook) == 1 and next(iter(rulebook)).successes == 2
+
+
+def test_a_reading_retry_moves_its_entrys_standing():
+    memory = ReflectionMemory(max_size=10, scope="global")
+    memory.add("3#4", "a#b = a+b+2", step=1)  # order 0
+    memory.add("5#1", "a#b = a+b+3", step=1)  # order 1, the newest
+    assert memory.retrieve("x", k=1) == ["a#b = a+b+3"]  # equal records: the newest
+    memory.record([1], success=False)
+    memory.record([0, 7], success=True)  # a gone entry's id is skipped
+    first, second = sorted(memory, key=lambda e: e.order)
+    assert (first.reads, first.successes, second.reads, second.successes) == (2, 2, 2, 1)
+    assert first.standing == pytest.approx(3 / 4) and second.standing == pytest.approx(2 / 4)
+    assert memory.retrieve("x", k=1) == ["a#b = a+b+2"]  # the confirmed rule, not the newest
+    assert [e.order for e in memory.rulebook()] == [0, 1]
+    # Without confirmations: the ERL paper's rulebook, the newest entry whatever its record.
+    plain = ReflectionMemory(max_size=10, scope="global", confirmations=False)
+    plain.load_state_dict(memory.state_dict())
+    assert plain.retrieve("x", k=1) == ["a#b = a+b+3"]
+
+
+def test_the_rulebook_tries_a_new_entry_and_keeps_the_one_that_works():
+    """With an rng, each reflection prompt sees the entry of the highest Beta draw: a new
+    entry is shown often at first; a lesson whose readers fail loses its place."""
+    memory = ReflectionMemory(max_size=10, scope="global")
+    memory.add("3#4", "a#b = a+b+2", step=1)  # order 0: retries that read it succeed
+    memory.add("5#1", "a#b = a+b+5", step=1)  # order 1: retries that read it fail
+    rng = random.Random(0)
+    shown = []
+    for _ in range(200):
+        entry = memory.lookup("x", k=1, rng=rng)[0]
+        shown.append(entry.order)
+        memory.record([entry.order], success=entry.order == 0)
+    assert 0 in shown[:20] and 1 in shown[:20]  # both tried early
+    assert shown[-50:].count(0) >= 45  # the one that works holds the place
+    assert memory.rulebook()[0].reflection == "a#b = a+b+2"
+
+
+def test_a_full_memory_evicts_its_weakest_entry():
+    memory = ReflectionMemory(max_size=2, scope="global")
+    memory.add("p", "lesson one", step=1)  # order 0
+    memory.add("p", "lesson two", step=1)  # order 1
+    memory.record([1], success=False)  # lesson two's reader failed: the weaker
+    memory.add("p", "lesson three", step=2)
+    assert [e.reflection for e in memory] == ["lesson one", "lesson three"]
+    # Equal records: the oldest goes (FIFO), as it does without confirmations.
+    plain = ReflectionMemory(max_size=2, confirmations=False)
+    for i in range(3):
+        plain.add("p", f"lesson {i}", step=i)
+    plain.record([1], success=False)
+    plain.add("p", "lesson 3", step=3)
+    assert [e.reflection for e in plain] == ["lesson 2", "lesson 3"]
+
+
+def test_entries_saved_before_records_load_as_read_once(tmp_path):
+    old = {
+        "max_size": 5,
+        "added": 1,
+        "entries": [{"prompt": "p", "reflection": "r", "step": 0, "order": 0}],
+    }
+    (tmp_path / MEMORY_FILE).write_text(json.dumps(old))
+    memory = ReflectionMemory(max_size=5)
+    assert memory.load(tmp_path)
+    entry = next(iter(memory))
+    assert (entry.reads, entry.successes) == (1, 1)
+
+
+def test_with_no_records_read_back_the_oldest_goes_first():
     memory = ReflectionMemory(max_size=3)
     for i in range(5):
         memory.add(f"prompt {i}", f"lesson {i}", step=i)
@@ -86,8 +220,8 @@ def test_trainer_memory_text_follows_memory_scope(tiny_model_dir, arithmetic_dat
 
 def test_zero_size_memory_stores_nothing_and_negative_is_an_error():
     memory = ReflectionMemory(max_size=0)
-    memory.add("p", "r", step=0)
-    assert len(memory) == 0
+    assert memory.add("p", "a lesson", step=0) == "off"
+    assert len(memory) == 0 and memory.pop_outcomes() == {}
     with pytest.raises(ValueError, match="max_size"):
         ReflectionMemory(max_size=-1)
 
@@ -142,13 +276,14 @@ def test_memory_is_checkpointed_and_restored_on_resume(
 
 
 def test_global_rulebook_is_checkpointed_and_restored_on_resume(
-    tiny_model_dir, arithmetic_dataset, erl_args, tmp_path
+    tiny_model_dir, arithmetic_dataset, erl_args, tmp_path, monkeypatch
 ):
     """`memory_scope="global"` keeps no state of its own: the rulebook is the newest entry
     of the saved memory, so a resumed trainer shows every reflection the same rulebook."""
     from conftest import alternating_reward
 
     from pipeline import ERLTrainer
+    from pipeline.erl import step as erl_step
 
     reward, _ = alternating_reward()
     options = dict(reward_threshold=0.5, memory_scope="global", memory_size=1)
@@ -173,8 +308,27 @@ def test_global_rulebook_is_checkpointed_and_restored_on_resume(
     )
     assert resumed.erl_step.memory_for("any prompt") == "(none yet)"
     shown = []  # what step 2's reflection prompts were given as {memory}
-    own = resumed.erl_step.memory_for
-    resumed.erl_step.memory_for = lambda text: shown.append(own(text)) or shown[-1]
+    own = erl_step.reflection_prompt
+    monkeypatch.setattr(
+        erl_step,
+        "reflection_prompt",
+        lambda *args, memory, **kwargs: shown.append(memory) or own(*args, memory=memory, **kwargs),
+    )
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
     assert shown and set(shown) == {rulebook}  # every prompt of step 2: the restored rulebook
     assert resumed.memory.state_dict()["added"] == 16
+
+
+def test_a_lesson_is_confirmed_by_three_successes_and_lost_by_more_failures():
+    memory = ReflectionMemory(5, scope="similar")
+    memory.add("What is 3#4?", "a#b = a+b+5", step=0)
+    memory.add("What is 3#4?", "a#b = a+b+5", step=1)  # a restatement: 2 successes
+    assert memory.confirmed("What is 3#4?") is None
+    memory.add("What is 3#4?", "a#b = a+b+5", step=2)  # 3: confirmed where a word is shared
+    assert memory.confirmed("What is 7#7?").reflection == "a#b = a+b+5"
+    assert memory.confirmed("zzz") is None  # "similar" with no shared word: not this lesson
+    (entry,) = list(memory)
+    for _ in range(4):  # 4 failed readers against 3 successes
+        memory.record([entry.order], success=False)
+    assert memory.confirmed("What is 7#7?") is None
+    assert ReflectionMemory(5, confirmations=False).confirmed("x") is None

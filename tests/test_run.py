@@ -213,6 +213,8 @@ def test_tiny_run_writes_the_output_contract(tiny_model_dir, tmp_path, capfd, ca
         assert f"stage {stage} · level {stage} " in console
         assert re.search(rf"\[stage {stage}\] level {stage} \| \d steps \| r1 ", console)
     assert "warm-up 10/10" in console and "r1=" in console and "gated=" in console
+    # Each stage's reflections: the tiny model reflects on every failed attempt.
+    assert re.search(r"\[stage 1\] reflections: [1-9]\d* written; memory: \d+ stored", console)
     assert "s/step" in console
     assert "'loss'" not in console and "completions/mean_length" not in console, console
     fallback = [

@@ -12,6 +12,7 @@ from pipeline.run.console import (
     R1,
     R2,
     RewardWatch,
+    memory_summary,
     stage_postfix,
 )
 
@@ -66,3 +67,16 @@ def test_the_stage_bar_shows_r1_r2_and_the_gated_share():
 def test_info_and_debug_log_levels_bring_the_metric_dictionaries_back():
     assert verbose("info") and verbose("debug")
     assert not any(verbose(level) for level in ("passive", "warning", "error", "critical"))
+
+
+def test_the_stage_line_says_what_became_of_its_reflections():
+    tally = {"reflections": 12, "stored": 2, "confirmed": 3, "empty": 1, "repetitive": 4}
+    tally |= {"below_gain": 1, "answer_format": 0}
+    assert memory_summary(2, tally) == (
+        "[stage 2] reflections: 12 written; memory: 2 stored, 3 confirmed; "
+        "refused: 1 empty, 4 repetitive, 1 below memory_min_gain"
+    )
+    assert memory_summary(1, {"reflections": 3, "stored": 3}).endswith("; none refused")
+    reused = memory_summary(1, {"reflections": 0, "reused": 5})
+    assert "0 written, 5 retries read a confirmed lesson instead" in reused
+    assert memory_summary(1, {}) is None  # no reflection: no line

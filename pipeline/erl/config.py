@@ -16,7 +16,7 @@ from pipeline.erl.prompts import (
     REFLECTION_PLACEHOLDERS,
     RETRY_PLACEHOLDERS,
 )
-from pipeline.erl.step import RETRY_ADVANTAGES
+from pipeline.erl.step import REFLECTION_ADVANTAGES, RETRY_ADVANTAGES
 from pipeline.models.backend import activate_backend
 
 activate_backend()  # before trl: on a GPU, Unsloth rebinds trl.GRPOConfig / trl.GRPOTrainer
@@ -132,6 +132,67 @@ class ERLConfig(GRPOConfig):
             "reflection whatever its prompt (for tasks whose lessons carry over)."
         },
     )
+    # What the memory keeps, how reflections are credited, and how many are written (issue
+    # 27; defaults measured on the learning bench: docs/results.md).
+    memory_lessons_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Refuse a reflection that is no lesson: empty, an answer in the answer "
+            "format, a copy of the prompt, or one term repeated (pipeline/erl/memory.py, "
+            "lesson_problem). False: whatever preceded a successful retry is stored."
+        },
+    )
+    memory_confirmations: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep each memory entry's record of the retries that read it: a full memory "
+            "evicts its weakest entry, and the global rulebook shows each reflection the entry "
+            "of the highest Beta draw from that record, so a lesson keeps its place while its "
+            "readers succeed. False: a FIFO, and the rulebook is the newest entry."
+        },
+    )
+    memory_min_gain: float = field(
+        default=0.0,
+        metadata={
+            "help": "A reflection enters the memory only when its retry's reward beats the mean "
+            "first-attempt reward of its prompt (what the prompt does without it) by at least "
+            "this much. 0: any successful retry's reflection (it costs no generation)."
+        },
+    )
+    reflections_per_attempt: int = field(
+        default=1,
+        metadata={
+            "help": "Reflections (each with its own retry) per failed first attempt. With 2 or "
+            "more, reflection_advantage 'siblings' credits each reflection against the others "
+            "on the same attempt."
+        },
+    )
+    reflection_advantage: str = field(
+        default="retry",
+        metadata={
+            "help": "Advantage of a reflection's tokens. 'retry': its retry's advantage. "
+            "'siblings': its retry's reward minus a baseline its own text does not move: the "
+            "mean reward of the retries of the other reflections on the same failed attempt "
+            "(reflections_per_attempt >= 2), else the mean first-attempt reward of its prompt."
+        },
+    )
+    reflect_per_group: int = field(
+        default=0,
+        metadata={
+            "help": "At most this many failed first attempts of one prompt's group reflect and "
+            "retry (the first ones, in the batch's order); the others are trained as GRPO's "
+            "first attempts only. 0: every failed attempt."
+        },
+    )
+    reuse_lessons: bool = field(
+        default=False,
+        metadata={
+            "help": "When the memory holds a confirmed lesson for the prompt (the strongest "
+            "entry its scope shows, whose record holds at least 3 successful retries, the "
+            "admitting one included, and no more failures than successes), retry with it "
+            "directly: no reflection is written. Needs memory_confirmations."
+        },
+    )
     # Bytes, not the reflection memory: the peak of ERL's extra calls against GRPO's.
     peak_memory_factor: float = field(
         default=1.5,
@@ -190,6 +251,26 @@ class ERLConfig(GRPOConfig):
         if self.memory_scope not in MEMORY_SCOPES:
             raise ValueError(
                 f"memory_scope must be one of {list(MEMORY_SCOPES)}, got {self.memory_scope!r}"
+            )
+        if not (math.isfinite(self.memory_min_gain) and self.memory_min_gain >= 0):
+            raise ValueError(
+                f"memory_min_gain must be a finite number >= 0, got {self.memory_min_gain}"
+            )
+        if self.reflections_per_attempt < 1:
+            raise ValueError(
+                f"reflections_per_attempt must be >= 1, got {self.reflections_per_attempt}"
+            )
+        if self.reflect_per_group < 0:
+            raise ValueError(f"reflect_per_group must be >= 0, got {self.reflect_per_group}")
+        if self.reflection_advantage not in REFLECTION_ADVANTAGES:
+            raise ValueError(
+                f"reflection_advantage must be one of {list(REFLECTION_ADVANTAGES)}, got "
+                f"{self.reflection_advantage!r}"
+            )
+        if self.reuse_lessons and not self.memory_confirmations:
+            raise ValueError(
+                "reuse_lessons=True needs memory_confirmations=True: a lesson is confirmed by "
+                "the record that option keeps"
             )
         if self.memory_budget is not None:
             warnings.warn(

@@ -1,10 +1,28 @@
-"""The cross-episode reflection memory: a FIFO of reflections whose retry succeeded."""
+"""The cross-episode reflection memory: lessons whose retry succeeded, kept while retries
+that read them keep succeeding.
+
+What enters: a reflection whose retry reached the threshold (the ERL step decides that,
+`pipeline.erl.step`), unless it is no lesson at all (`lesson_problem`: empty, an answer in
+the answer format, a copy of the prompt, a term repeated; `lessons_only`). A reflection
+that restates a stored lesson confirms it instead of entering twice.
+
+What stays (`confirmations`): every entry counts the retries that read it (its reflection
+prompt showed it, or the retry read it directly) and how many of them succeeded, the retry
+that admitted it counted as its first. Its standing is the Beta posterior mean of that
+record, (successes + 1) / (reads + 2). A full memory evicts its weakest entry, the oldest
+among equals. The global rulebook is a bandit over lessons: each reflection prompt is shown
+the entry with the highest draw from Beta(successes + 1, failures + 1), so an entry keeps
+its place while retries that read it succeed and loses it when they fail, and a new entry
+is tried before it is trusted. Without confirmations the memory is the FIFO of the ERL
+paper and of this project before: the rulebook is the newest entry.
+"""
 
 from __future__ import annotations
 
 import json
+import random
 import re
-from collections import deque
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -12,40 +30,126 @@ from curriculum.atomic import atomic_write_json
 
 MEMORY_FILE = "erl_memory.json"
 # What `retrieve` (and ERLConfig.memory_scope) take: this prompt's own reflections, the most
-# similar prompts', or the ERL paper's rulebook (the latest successful one, for every prompt).
+# similar prompts', or the ERL paper's rulebook (the strongest lessons, for every prompt).
 MEMORY_SCOPES = ("similar", "same_prompt", "global")
+# Why `add` refuses a reflection (`lesson_problem`), and what else it can answer.
+REJECTIONS = ("empty", "answer_format", "prompt_copy", "repetitive")
+STORED, CONFIRMED, OFF = "stored", "confirmed", "off"
+
 _WORD = re.compile(r"\w+")
+_ANSWER_SPAN = re.compile(r"<answer>.*?(</answer>|$)", re.DOTALL | re.IGNORECASE)
+_TAG = re.compile(r"</?\w+>")
+# A reflection of at least this many whitespace-separated chunks is "repetitive" when one
+# chunk shape (its punctuation blanked: 'a#b' and 'a~b' are both 'a_b') is this share of
+# them: 'a#b = = = = = =', 'a~b a$b a#b a%b'.
+_REPEAT_MIN_CHUNKS = 4
+_REPEAT_SHARE = 0.6
+# A lesson is confirmed (a retry may read it without a new reflection: ERLConfig.reuse_lessons)
+# once its record holds this many successful retries, the admitting one included, and at
+# least as many successes as failures.
+CONFIRMED_SUCCESSES = 3
 
 
-@dataclass(frozen=True)
+def _normalised(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def lesson_problem(reflection: str, prompt: str) -> str | None:
+    """Why `reflection` (for a prompt whose text is `prompt`) is no lesson, or None.
+
+    >>> [lesson_problem(r, "The operation # is hidden.\\n3#4") for r in
+    ...  ["", "<answer>7</answer>", "3#4", "a#b = = = = = =", "a~b a$b a#b a%b", "a#b = a+b+2"]]
+    ['empty', 'answer_format', 'prompt_copy', 'repetitive', 'repetitive', None]
+    """
+    text = reflection.strip()
+    if not _WORD.search(_TAG.sub(" ", _ANSWER_SPAN.sub(" ", text))):
+        # Nothing but an answer, or the bare tags: not what to do differently.
+        return "answer_format" if _TAG.search(text) else "empty"
+    if _normalised(text) in _normalised(prompt):
+        return "prompt_copy"
+    chunks = text.split()
+    if len(chunks) >= _REPEAT_MIN_CHUNKS:
+        shapes = Counter(re.sub(r"[^\w]", "_", chunk.lower()) for chunk in chunks)
+        if shapes.most_common(1)[0][1] >= _REPEAT_SHARE * len(chunks):
+            return "repetitive"
+    return None
+
+
+@dataclass
 class MemoryEntry:
-    """One stored reflection and the prompt (as text) it was written for."""
+    """One stored lesson, the prompt (as text) it was written for, and its record."""
 
     prompt: str
     reflection: str
     step: int
-    order: int  # insertion counter: larger is more recent
+    order: int  # insertion counter: larger is more recent; an entry's id
+    reads: int = 1  # retries that read it, the admitting one included
+    successes: int = 1  # of those, the ones that reached the threshold
+
+    @property
+    def standing(self) -> float:
+        """(successes + 1) / (reads + 2): the posterior mean of a reading retry's success."""
+        return (self.successes + 1) / (self.reads + 2)
+
+    def draw(self, rng: random.Random) -> float:
+        """A draw of a reading retry's success rate from its Beta posterior."""
+        return rng.betavariate(self.successes + 1, self.reads - self.successes + 1)
 
 
 def _words(text: str) -> frozenset[str]:
     return frozenset(_WORD.findall(text.lower()))
 
 
+def _check_scope(scope: str) -> str:
+    if scope not in MEMORY_SCOPES:
+        raise ValueError(f"scope must be one of {list(MEMORY_SCOPES)}, got {scope!r}")
+    return scope
+
+
 class ReflectionMemory:
-    """Up to `max_size` reflections, oldest dropped first; retrieval by lexical relevance.
+    """Up to `max_size` lessons; retrieval by `scope`; the weakest goes when full.
+
+    `scope` (ERLConfig.memory_scope) is what `retrieve` uses unless told otherwise, and
+    what a restated lesson must share to confirm an entry: its prompt, but for the global
+    rulebook, where the same rule from any prompt is one entry. `lessons_only`
+    (ERLConfig.memory_lessons_only) refuses what `lesson_problem` names; `confirmations`
+    (ERLConfig.memory_confirmations) ranks and evicts entries by their record (above).
 
     >>> memory = ReflectionMemory(max_size=2)
     >>> memory.add("3+4", "Add the digits.", step=1)
+    'stored'
     >>> memory.retrieve("3+5", k=1)
     ['Add the digits.']
     """
 
-    def __init__(self, max_size: int) -> None:
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        scope: str = "similar",
+        lessons_only: bool = True,
+        confirmations: bool = True,
+    ) -> None:
         if max_size < 0:
             raise ValueError(f"max_size must be >= 0, got {max_size}")
+        _check_scope(scope)
         self.max_size = max_size
-        self._entries: deque[MemoryEntry] = deque(maxlen=max_size)
+        self.scope = scope
+        self.lessons_only = lessons_only
+        self.confirmations = confirmations
+        self._entries: list[MemoryEntry] = []
         self._added = 0
+        self.outcomes: Counter[str] = Counter()  # add()'s answers since the last pop_outcomes
+
+    @classmethod
+    def for_settings(cls, settings) -> ReflectionMemory:
+        """The memory an `ERLConfig` asks for (size 0 when its memory is off)."""
+        return cls(
+            settings.memory_size if settings.enable_memory else 0,
+            scope=settings.memory_scope,
+            lessons_only=settings.memory_lessons_only,
+            confirmations=settings.memory_confirmations,
+        )
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -53,45 +157,134 @@ class ReflectionMemory:
     def __iter__(self):
         return iter(self._entries)
 
-    def add(self, prompt: str, reflection: str, step: int) -> None:
-        """Store a reflection; the oldest entry goes when the memory is full."""
+    # Writing ------------------------------------------------------------------------
+
+    def add(self, prompt: str, reflection: str, step: int) -> str:
+        """Offer a reflection whose retry succeeded; returns what became of it: "stored",
+        "confirmed" (it restates a stored lesson, which gains a success instead), the reason
+        it was refused (REJECTIONS), or "off" for a memory of size 0."""
         if self.max_size == 0:
-            return
-        self._entries.append(MemoryEntry(prompt, reflection, step, self._added))
-        self._added += 1
+            return OFF
+        outcome = lesson_problem(reflection, prompt) if self.lessons_only else None
+        if outcome is None:
+            same = self._same_lesson(prompt, reflection)
+            if same is not None:
+                same.reads += 1
+                same.successes += 1
+                outcome = CONFIRMED
+            else:
+                if len(self._entries) >= self.max_size:
+                    self._entries.remove(min(self._entries, key=self._rank))
+                self._entries.append(MemoryEntry(prompt, reflection, step, self._added))
+                self._added += 1
+                outcome = STORED
+        self.outcomes[outcome] += 1
+        return outcome
 
-    def retrieve(self, prompt: str, k: int, scope: str = "similar") -> list[str]:
-        """The `k` reflections most relevant to `prompt` (Jaccard word overlap; recency breaks
-        ties). `scope="same_prompt"`: only reflections written for this exact prompt, newest
-        first (a lesson for another problem can mislead: measured: docs/log.md).
-        `scope="global"`: the newest reflection alone, whatever its prompt: entries are
-        added only when their retry succeeded, so this is the ERL paper's rulebook, the
-        latest reflection that produced a successful retry, shown to every reflection.
+    def _same_lesson(self, prompt: str, reflection: str) -> MemoryEntry | None:
+        """A stored entry with this lesson's text, written for this prompt (any prompt, for
+        the global rulebook)."""
+        text, anywhere = _normalised(reflection), self.scope == "global"
+        return next(
+            (
+                e
+                for e in self._entries
+                if (anywhere or e.prompt == prompt) and _normalised(e.reflection) == text
+            ),
+            None,
+        )
 
-        >>> memory = ReflectionMemory(max_size=2)
-        >>> memory.add("3#4", "a#b = a+b+2", step=1)
-        >>> memory.add("5#1", "a#b = a+b+3", step=2)
-        >>> memory.retrieve("8#8", k=3, scope="global")
-        ['a#b = a+b+3']
+    def record(self, orders: list[int], success: bool) -> None:
+        """A retry that read the entries `orders` (their ids; gone ones are skipped) ended
+        with or without success: their records count it."""
+        for entry in self._entries:
+            if entry.order in orders:
+                entry.reads += 1
+                entry.successes += int(success)
+
+    def pop_outcomes(self) -> dict[str, int]:
+        """add()'s answers by kind since the last call (for the logs), then reset."""
+        counts, self.outcomes = dict(self.outcomes), Counter()
+        return counts
+
+    # Reading ------------------------------------------------------------------------
+
+    def _rank(self, entry: MemoryEntry) -> tuple[float, int]:
+        """Stronger first when sorted in reverse: standing (with confirmations), then recency."""
+        return (entry.standing if self.confirmations else 0.0, entry.order)
+
+    def lookup(
+        self, prompt: str, k: int, scope: str | None = None, rng: random.Random | None = None
+    ) -> list[MemoryEntry]:
+        """The `k` entries `scope` (default: the memory's) picks for `prompt`, most relevant
+        first.
+
+        "similar": by Jaccard word overlap of the prompts, then standing and recency.
+        "same_prompt": only entries written for this exact prompt, strongest (then newest)
+        first: a lesson for another problem can mislead (docs/log.md). "global": the ERL
+        paper's rulebook, one entry whatever the prompt (`k` only says whether to show it):
+        with confirmations and an `rng`, the entry with the highest Beta draw; else the
+        strongest, the newest among equals.
         """
-        if scope not in MEMORY_SCOPES:
-            raise ValueError(f"scope must be one of {list(MEMORY_SCOPES)}, got {scope!r}")
+        scope = _check_scope(scope or self.scope)
         if k <= 0 or not self._entries:
             return []
         if scope == "global":
-            return [self._entries[-1].reflection]
+            if self.confirmations and rng is not None:
+                return [max(self._entries, key=lambda e: (e.draw(rng), e.order))]
+            return [max(self._entries, key=self._rank)]
         if scope == "same_prompt":
-            own = [entry for entry in reversed(self._entries) if entry.prompt == prompt]
-            return [entry.reflection for entry in own[:k]]
+            own = [entry for entry in self._entries if entry.prompt == prompt]
+            return sorted(own, key=self._rank, reverse=True)[:k]
         query = _words(prompt)
 
-        def relevance(entry: MemoryEntry) -> tuple[float, int]:
+        def relevance(entry: MemoryEntry) -> tuple[float, float, int]:
             words = _words(entry.prompt)
             union = len(query | words)
-            return (len(query & words) / union if union else 0.0, entry.order)
+            return (len(query & words) / union if union else 0.0, *self._rank(entry))
 
-        ranked = sorted(self._entries, key=relevance, reverse=True)
-        return [entry.reflection for entry in ranked[:k]]
+        return sorted(self._entries, key=relevance, reverse=True)[:k]
+
+    def confirmed(self, prompt: str) -> MemoryEntry | None:
+        """The strongest entry the memory's scope shows `prompt` (under "similar", one whose
+        prompt shares a word with it), if its record confirms it (CONFIRMED_SUCCESSES, and no
+        more failures than successes); else None."""
+        if not self.confirmations:
+            return None
+        top = self.lookup(prompt, 1)
+        if not top:
+            return None
+        entry = top[0]
+        if self.scope == "similar" and not _words(entry.prompt) & _words(prompt):
+            return None  # "similar" ranks every entry; one sharing no word is no lesson here
+        failures = entry.reads - entry.successes
+        return (
+            entry
+            if entry.successes >= CONFIRMED_SUCCESSES and failures <= entry.successes
+            else None
+        )
+
+    def rulebook(self) -> list[MemoryEntry]:
+        """Every entry, strongest first: what the global rulebook stands on."""
+        return sorted(self._entries, key=self._rank, reverse=True)
+
+    def retrieve(
+        self, prompt: str, k: int, scope: str | None = None, rng: random.Random | None = None
+    ) -> list[str]:
+        """The lessons of `lookup(prompt, k, scope, rng)`.
+
+        >>> memory = ReflectionMemory(max_size=3)
+        >>> memory.add("3#4", "a#b = a+b+2", step=1)
+        'stored'
+        >>> memory.add("5#1", "a#b = a+b+3", step=2)
+        'stored'
+        >>> memory.retrieve("8#8", k=1, scope="global")  # nothing read back yet: the newest
+        ['a#b = a+b+3']
+        >>> memory.record([1], success=False)  # a retry that read it failed
+        >>> memory.retrieve("8#8", k=1, scope="global")
+        ['a#b = a+b+2']
+        """
+        return [entry.reflection for entry in self.lookup(prompt, k, scope, rng)]
 
     # Persistence -------------------------------------------------------------------
 
@@ -103,7 +296,9 @@ class ReflectionMemory:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self._entries = deque((MemoryEntry(**e) for e in state["entries"]), maxlen=self.max_size)
+        # Files written before entries kept a record load as entries read once.
+        entries = [MemoryEntry(**e) for e in state["entries"]]
+        self._entries = entries[max(0, len(entries) - self.max_size) :] if self.max_size else []
         self._added = int(state["added"])
 
     def save(self, folder: str | Path) -> Path:

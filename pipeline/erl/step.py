@@ -22,7 +22,8 @@ and no trainer (tests/test_erl_step.py). It imports neither trl nor transformers
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import random
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,6 +41,7 @@ from pipeline.erl.prompts import (
 from rewards import completion_text
 
 RETRY_ADVANTAGES = ("group", "improvement")
+REFLECTION_ADVANTAGES = ("retry", "siblings")
 NO_FEEDBACK = "No feedback available; the reward was below the target."
 
 # Gate and success tests allow this much float rounding below the threshold: a weighted sum
@@ -216,6 +218,11 @@ class StepSettings(Protocol):
     max_completion_length: int
     memory_top_k: int
     memory_scope: str
+    memory_min_gain: float
+    reflections_per_attempt: int
+    reflection_advantage: str
+    reflect_per_group: int
+    reuse_lessons: bool
 
 
 RetryAdvantages = Callable[..., list[float]]
@@ -302,11 +309,25 @@ def call_feedback(
 # The step -----------------------------------------------------------------------------
 
 
+@dataclass
+class _Unit:
+    """One retry to make: gated row `row` (an index into the step's padded rows), the
+    lesson it reads (a reflection to write, the raw feedback, or a confirmed lesson), and
+    the memory entries its reflection prompt showed (their ids, for their records)."""
+
+    row: int
+    valid: bool
+    reflect: bool  # a reflection is written for it (else `lesson` is given)
+    lesson: str = ""
+    shown: list[int] = field(default_factory=list)
+    reused: int | None = None  # the id of the confirmed lesson it reads directly
+
+
 class ERLStep:
     """Gate, feedback, reflection, retry, credit, memory and internalization for one
     generation batch (see the module docstring). Every process of a run calls it once per
-    batch, in step: it pads its gated rows to the global count with masked copies, and the
-    memory gets the same reflections in the same order everywhere."""
+    batch, in step: it pads its rows to the global count with masked copies, and the
+    memory gets the same records and reflections in the same order everywhere."""
 
     def __init__(
         self,
@@ -317,6 +338,9 @@ class ERLStep:
         self.settings = settings
         self.memory = memory
         self.retry_advantages = retry_advantages
+        # Since this step object was made (a stage, or its resumed part): reflections written,
+        # what the memory did with them (memory.py's outcomes), refusals below memory_min_gain.
+        self.tally: Counter[str] = Counter()
 
     def __call__(self, backend: StepBackend, first: FirstAttempts, step: int) -> StepResult:
         """The rows ERL adds for `first` (global step `step`, stored with each memory entry)."""
@@ -328,102 +352,158 @@ class ERLStep:
             if r == r and not reaches_threshold(r, s.reward_threshold)
         ]
         all_r1 = processes.gather(r1)
-        counts = processes.gather(torch.tensor([len(gated)], device=r1.device))
         metrics = {
             "erl/r1_mean": torch.nanmean(all_r1).item(),
-            "erl/gated_fraction": counts.sum().item() / all_r1.numel(),
+            "erl/gated_fraction": _global_count(processes, len(gated), r1) / all_r1.numel(),
         }
+        keys = [_group_key(p) for p in first.prompts]
+        if s.reflect_per_group:
+            gated = self._first_per_group(processes, [keys[i] for i in gated], gated)
+        counts = processes.gather(torch.tensor([len(gated)], device=r1.device))
         rows = None
         if counts.max().item() > 0:
-            rows = self._experience(backend, first, gated, int(counts.max().item()), step, metrics)
+            baseline = _group_means(processes.gather_object(keys), all_r1)
+            rows = self._experience(
+                backend, first, gated, int(counts.max().item()), step, metrics, baseline
+            )
         else:
             metrics["erl/internalization_rows"] = 0.0
         metrics["erl/memory_size"] = float(len(self.memory))
         return StepResult(rows, metrics)
 
-    def _experience(self, backend, first, gated, pad_to, step, metrics) -> NewRows:
+    def _first_per_group(self, processes, keys: list[str], gated: list[int]) -> list[int]:
+        """The gated rows among the first `reflect_per_group` gated rows of their prompt's
+        group, counted over every process in process order (a group can span processes)."""
+        every = processes.gather_object([(processes.index, key) for key in keys])
+        seen: dict[str, int] = defaultdict(int)
+        keep = []
+        for index, key in every:
+            seen[key] += 1
+            if index == processes.index:
+                keep.append(seen[key] <= self.settings.reflect_per_group)
+        return [i for i, kept in zip(gated, keep) if kept]
+
+    def _experience(self, backend, first, gated, pad_to, step, metrics, baseline) -> NewRows:
         """Phases 2-7 for the `gated` rows, padded to `pad_to` rows with masked copies (every
-        process must score as many rows: the reward gather needs it)."""
+        process must score as many rows: the reward gather needs it). `baseline`: each
+        prompt group's mean first-attempt reward, over every process."""
         s, processes = self.settings, backend.processes
         valid = [True] * len(gated) + [False] * (pad_to - len(gated))
         idx = gated + [gated[0] if gated else 0] * (pad_to - len(gated))
         rows = [first.rows[i] for i in idx]
         prompts = [first.prompts[i] for i in idx]
         r1 = first.rewards[idx]
+        p_hat = torch.tensor([baseline[_group_key(p)] for p in prompts], device=r1.device)
         feedback = backend.feedback(
             rows,
             prompts,
             [first.completions[i] for i in idx],
             [first.completion_ids[i] for i in idx],
         )
-
         texts = [prompt_text(p) for p in prompts]
-        if s.enable_reflection:
+
+        # ---- Reflect: `reflections_per_attempt` per row, or a confirmed lesson read
+        # directly, or (the ablation) the raw feedback.
+        units = self._units(processes, texts, valid, feedback, step, r1.device)
+        reflecting = [u for u in units if u.reflect]
+        reflections = None
+        # Every process has as many reflecting units (padded), so none has any or all do;
+        # with reuse_lessons every row may read a confirmed lesson and none reflect.
+        if s.enable_reflection and reflecting:
             reflection_prompts = [
                 reflection_prompt(
-                    prompts[j],
+                    prompts[u.row],
                     s.reflection_system_prompt,
-                    attempt=completion_text(first.completions[i]),
-                    feedback=feedback[j],
-                    reward=r1[j].item(),
-                    memory=self.memory_for(texts[j]),
+                    attempt=completion_text(first.completions[idx[u.row]]),
+                    feedback=feedback[u.row],
+                    reward=r1[u.row].item(),
+                    memory=memory_text(self._shown_lessons(u)),
                 )
-                for j, i in enumerate(idx)
+                for u in reflecting
             ]
             length = s.reflection_max_completion_length or s.max_completion_length
             reflections = backend.generate(reflection_prompts, length)
-            lessons = [text.strip() for text in reflections.texts]
-        else:  # the ablation: the retry reads the raw feedback where the reflection would be
-            reflections, lessons = None, [f.strip() for f in feedback]
+            for unit, text in zip(reflecting, reflections.texts):
+                unit.lesson = text.strip()
 
+        # ---- Retry, scored by the reward functions against the ORIGINAL row (answer and
+        # metadata columns); `attempt` tells them (and their logs) that these are retries.
         retry_prompts = [
-            retry_prompt(p, s.retry_system_prompt, lesson) for p, lesson in zip(prompts, lessons)
+            retry_prompt(prompts[u.row], s.retry_system_prompt, u.lesson) for u in units
         ]
         retries = backend.generate(retry_prompts, s.max_completion_length)
-        # r2: the reward functions score y2 against the original row (answer/metadata
-        # columns); `attempt` tells them (and their logs) that these are retries.
         r2 = backend.score(
-            [{**row, "attempt": 2} for row in rows],
-            prompts,
-            [as_completion(p, text) for p, text in zip(prompts, retries.texts)],
+            [{**rows[u.row], "attempt": 2} for u in units],
+            [prompts[u.row] for u in units],
+            [as_completion(prompts[u.row], text) for u, text in zip(units, retries.texts)],
             retries.completion_ids,
         )
-
         # A retry no reward function could score (all None -> NaN) carries no signal, as in GRPO.
-        scored = [v and r == r for v, r in zip(valid, r2.tolist())]
-        advantages = self._credit(processes, prompts, r1, r2, scored)
+        scored = [u.valid and r == r for u, r in zip(units, r2.tolist())]
         success = [
-            v and reaches_threshold(r, s.reward_threshold) for v, r in zip(scored, r2.tolist())
+            ok and reaches_threshold(r, s.reward_threshold) for ok, r in zip(scored, r2.tolist())
         ]
-        if s.enable_reflection:  # without one there is no lesson to store
-            self._remember(
-                processes, [(texts[j], lessons[j]) for j in range(len(idx)) if success[j]], step
-            )
 
-        # Untrained retries stay as inert rows: every process keeps the same row count.
-        trained = list(valid) if s.train_retries else [False] * len(valid)
+        # ---- Credit: retries as a group per prompt; reflections by `reflection_advantage`.
+        unit_prompts = [prompts[u.row] for u in units]
+        unit_r1, unit_p_hat = r1[[u.row for u in units]], p_hat[[u.row for u in units]]
+        advantages = self._credit(processes, unit_prompts, unit_r1, r2, scored)
+        reflection_advantages = self._reflection_credit(units, r2, scored, unit_p_hat, advantages)
+
+        # ---- Remember: every process applies the same records and offers in the same order.
+        gains = (torch.nan_to_num(r2) - unit_p_hat).tolist()
+        offers = [
+            (texts[u.row], u.lesson)
+            for u, ok, gain in zip(units, success, gains)
+            if ok and u.reflect and s.enable_reflection and gain >= s.memory_min_gain - 1e-9
+        ]
+        below_gain = sum(
+            ok and u.reflect and gain < s.memory_min_gain - 1e-9
+            for u, ok, gain in zip(units, success, gains)
+        )
+        records = [
+            ([*u.shown, *([u.reused] if u.reused is not None else [])], ok)
+            for u, ok in zip(units, success)
+            if u.valid and (u.shown or u.reused is not None)
+        ]
+        self._remember(processes, records, offers, step)
+
+        # ---- New rows: reflections and retries (untrained ones stay inert, so every process
+        # keeps the same row count), then internalization.
+        trained = [u.valid and s.train_retries for u in units]
         new_rows = NewRows([], [], [], [], [])
-        for generated in (reflections, retries):
-            if generated is not None:
-                new_rows.extend(
-                    NewRows(
-                        generated.prompt_ids,
-                        generated.completion_ids,
-                        list(advantages),
-                        list(trained),
-                        backend.trainable(generated.completion_ids),
-                        list(generated.logprobs),
-                        parts=[PART_RETRY] * len(idx),
-                    )
+        if reflections is not None:
+            kept = [i for i, u in enumerate(units) if u.reflect]
+            new_rows.extend(
+                NewRows(
+                    reflections.prompt_ids,
+                    reflections.completion_ids,
+                    [reflection_advantages[i] for i in kept],
+                    [trained[i] for i in kept],
+                    backend.trainable(reflections.completion_ids),
+                    list(reflections.logprobs),
+                    parts=[PART_RETRY] * len(kept),
                 )
+            )
+        new_rows.extend(
+            NewRows(
+                retries.prompt_ids,
+                retries.completion_ids,
+                list(advantages),
+                trained,
+                backend.trainable(retries.completion_ids),
+                list(retries.logprobs),
+                parts=[PART_RETRY] * len(units),
+            )
+        )
         internalize = s.enable_internalization and s.internalization_coef > 0
-        kept = [j for j in range(len(idx)) if success[j]] if internalize else []
+        kept = [i for i in range(len(units)) if success[i]] if internalize else []
         if kept:
-            kept_ids = [retries.completion_ids[j] for j in kept]
+            kept_ids = [retries.completion_ids[i] for i in kept]
             # Not sampled from the original prompt: no sampling log-probs (ratio 1, exact CE).
             new_rows.extend(
                 NewRows(
-                    backend.tokenize([prompts[j] for j in kept]),
+                    backend.tokenize([unit_prompts[i] for i in kept]),
                     kept_ids,
                     [s.internalization_coef] * len(kept),
                     [True] * len(kept),
@@ -431,8 +511,78 @@ class ERLStep:
                     parts=[PART_INTERNALIZATION] * len(kept),
                 )
             )
-        metrics.update(self._metrics(backend, r2, valid, success, len(kept), new_rows))
+        metrics.update(self._metrics(backend, r2, scored, success, len(kept), new_rows))
+        counts = torch.tensor(
+            [
+                float(sum(u.valid and u.reflect for u in units)),
+                float(sum(u.valid and u.reused is not None for u in units)),
+                float(below_gain),
+            ],
+            device=r2.device,
+        )
+        written, reused, below = processes.sum(counts).tolist()
+        metrics["erl/reflections"] = written
+        self.tally["reflections"] += int(written)
+        if s.reuse_lessons:
+            metrics["erl/lessons_reused"] = reused
+            self.tally["reused"] += int(reused)
+        if s.enable_reflection and s.enable_memory:
+            metrics["erl/memory_below_gain"] = below
+            self.tally["below_gain"] += int(below)
+            for outcome, count in self.memory.pop_outcomes().items():
+                metrics[f"erl/memory_{outcome}"] = float(count)
+                self.tally[outcome] += count
         return new_rows
+
+    def _units(self, processes, texts, valid, feedback, step, device) -> list[_Unit]:
+        """The retries to make for the rows, and what each reads. Every process makes as
+        many (masked copies fill up), and generates as many reflections."""
+        s = self.settings
+        units: list[_Unit] = []
+        for row, (text, ok) in enumerate(zip(texts, valid)):
+            if not s.enable_reflection:  # the ablation: the retry reads the raw feedback
+                units.append(_Unit(row, ok, reflect=False, lesson=feedback[row].strip()))
+                continue
+            lesson = self.memory.confirmed(text) if s.reuse_lessons and s.enable_memory else None
+            if lesson is not None:
+                units.append(_Unit(row, ok, False, lesson.reflection, reused=lesson.order))
+                continue
+            for _ in range(s.reflections_per_attempt):
+                units.append(_Unit(row, ok, reflect=True))
+        # Equal counts everywhere: of retries (the reward gather) and of reflections (the
+        # generate calls); the fillers copy a unit of the same kind and train nothing.
+        reflect = [u for u in units if u.reflect]
+        given = [u for u in units if not u.reflect]
+        local = torch.tensor([len(reflect), len(given)], device=device)
+        want = processes.gather(local).reshape(-1, 2).amax(dim=0)
+        for kind, count in ((reflect, int(want[0])), (given, int(want[1]))):
+            template = kind[0] if kind else _Unit(0, False, kind is reflect, feedback[0].strip())
+            for _ in range(count - len(kind)):
+                kind.append(_Unit(template.row, False, template.reflect, template.lesson))
+        units = reflect + given
+        for number, unit in enumerate(units):
+            if unit.reflect and s.enable_memory:
+                rng = random.Random(f"{step}:{processes.index}:{number}")
+                unit.shown = [
+                    e.order
+                    for e in self.memory.lookup(
+                        texts[unit.row], s.memory_top_k, s.memory_scope, rng
+                    )
+                ]
+        return units
+
+    def memory_for(self, text: str, rng: random.Random | None = None) -> str:
+        """The `{memory}` of a reflection prompt for `text`: the stored reflections
+        `memory_scope` picks (the rulebook's draw with `rng`; its strongest entry without)."""
+        s = self.settings
+        if not s.enable_memory:
+            return memory_text([])
+        return memory_text(self.memory.retrieve(text, s.memory_top_k, s.memory_scope, rng))
+
+    def _shown_lessons(self, unit: _Unit) -> list[str]:
+        """The lessons of the entries `unit`'s reflection prompt shows, in their order."""
+        by_order = {e.order: e.reflection for e in self.memory}
+        return [by_order[order] for order in unit.shown]
 
     def _credit(self, processes, prompts, r1, r2, valid) -> list[float]:
         """`retry_advantages` over the retries of every process, sliced back to this one's.
@@ -440,8 +590,8 @@ class ERLStep:
         GRPO's sampler gives each process a contiguous slice of the generation batch, so one
         prompt's generations (and its retries) can live on several processes; like GRPO for
         r1, gather the group keys, r1, r2 and validity and credit all of them. Every process
-        holds the same number of rows here (padded to the global maximum)."""
-        groups = [json.dumps(p, sort_keys=True, default=str) for p in prompts]
+        holds the same number of retries here (padded to the global maximum)."""
+        groups = [_group_key(p) for p in prompts]
         flags = torch.tensor(valid, device=r2.device, dtype=torch.long)
         advantages = self.retry_advantages(
             processes.gather_object(groups),
@@ -454,18 +604,33 @@ class ERLStep:
         start = processes.index * len(groups)
         return list(advantages[start : start + len(groups)])
 
-    def memory_for(self, text: str) -> str:
-        """The `{memory}` of a reflection prompt: the stored reflections `memory_scope` picks."""
-        s = self.settings
-        if not s.enable_memory:
-            return memory_text([])
-        return memory_text(self.memory.retrieve(text, s.memory_top_k, s.memory_scope))
+    def _reflection_credit(self, units, r2, valid, p_hat, advantages) -> list[float]:
+        """The advantage of each unit's reflection tokens (`reflection_advantage`): its
+        retry's, or its retry's reward against a baseline its own text does not move, the
+        other reflections' retries on the same attempt (else the prompt's first attempts)."""
+        if self.settings.reflection_advantage == "retry":
+            return list(advantages)
+        r2 = torch.nan_to_num(r2)
+        siblings: dict[int, list[int]] = defaultdict(list)
+        for i, (unit, ok) in enumerate(zip(units, valid)):
+            if ok and unit.reflect:
+                siblings[unit.row].append(i)
+        credit = [0.0] * len(units)
+        for members in siblings.values():
+            for i in members:
+                others = [j for j in members if j != i]
+                base = r2[others].mean() if others else p_hat[i]
+                credit[i] = (r2[i] - base).item()
+        return credit
 
-    def _remember(self, processes, successes: list[tuple[str, str]], step: int) -> None:
-        """Add successful reflections; every process adds the same ones in the same order."""
+    def _remember(self, processes, records, offers, step: int) -> None:
+        """Apply every process's records (which entries a retry read, and how it ended), then
+        offer its reflections whose retry succeeded, in process order everywhere."""
         if not self.settings.enable_memory:
             return
-        for text, reflection in processes.gather_object(successes):
+        for orders, success in processes.gather_object(records):
+            self.memory.record(orders, success)
+        for text, reflection in processes.gather_object(offers):
             self.memory.add(text, reflection, step=step)
 
     def _metrics(self, backend, r2, valid, success, internalized, rows) -> dict[str, float]:
@@ -499,3 +664,22 @@ class ERLStep:
                     total / all_tokens * self.settings.internalization_coef
                 )
         return metrics
+
+
+def _group_key(prompt) -> str:
+    """What names a prompt's group (its GRPO generations share the prompt exactly)."""
+    return json.dumps(prompt, sort_keys=True, default=str)
+
+
+def _group_means(keys: list[str], rewards: torch.Tensor) -> dict[str, float]:
+    """The mean reward of each group over the gathered first attempts (NaN: left out; a
+    group with none scored: 0)."""
+    totals: dict[str, list[float]] = defaultdict(list)
+    for key, reward in zip(keys, rewards.tolist()):
+        if reward == reward:
+            totals[key].append(reward)
+    return defaultdict(float, {k: sum(v) / len(v) for k, v in totals.items()})
+
+
+def _global_count(processes, count: int, like: torch.Tensor) -> float:
+    return float(processes.sum(torch.tensor([float(count)], device=like.device)).item())

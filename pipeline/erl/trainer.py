@@ -120,7 +120,7 @@ class ERLTrainer(GRPOTrainer):
         add_mode_switches(self.model)
         self.feedback_func = feedback_func
         if memory is None:
-            memory = ReflectionMemory(args.memory_size if args.enable_memory else 0)
+            memory = ReflectionMemory.for_settings(args)
         self.memory = memory
         self.erl_step = ERLStep(args, memory, retry_advantages)
         self.budget = StepBudget(

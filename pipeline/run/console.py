@@ -1,7 +1,8 @@
 """What the curriculum run prints, and where its full logs go.
 
 By default the console shows one progress bar per stage (stage, level, step/max, r1, r2,
-gated %, s/step), the one-line stage summaries, and warnings that matter: a fallback
+gated %, s/step), the one-line stage summaries, each stage's line on its reflections
+(written, stored, confirmed, refused and why), and warnings that matter: a fallback
 rate above a few percent, a collapsing r1, a plateau. TRL's per-step metric dictionary
 (about 40 keys) still goes to `stage_<k>/metrics.jsonl` and to every `report_to` sink;
 `--log_level info` (transformers' option) prints it again, and `--disable_tqdm true`
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
+from pipeline.erl.memory import CONFIRMED, REJECTIONS, STORED
 from pipeline.layout import RunLayout, stage_name
 from pipeline.run.config import verbose
 
@@ -144,6 +146,24 @@ def warmup_postfix(logs: dict[str, Any]) -> dict[str, str]:
     return {"loss": f"{loss:.3f}"} if loss is not None else {}
 
 
+def memory_summary(stage: int, tally: Mapping[str, int]) -> str | None:
+    """The stage's line on reflections: how many were written (and lessons reused without
+    one), and what the memory did with those whose retry succeeded: stored, confirmed (a
+    restated lesson), refused and why (ERLStep.tally). None when no reflection was written."""
+    written, reused = tally.get("reflections", 0), tally.get("reused", 0)
+    if not written and not reused:
+        return None
+    kept = [f"{tally.get(o, 0)} {o}" for o in (STORED, CONFIRMED)]
+    labels = {r: r.replace("_", " ") for r in REJECTIONS} | {"below_gain": "below memory_min_gain"}
+    refused = [f"{tally[r]} {label}" for r, label in labels.items() if tally.get(r)]
+    return (
+        f"[stage {stage}] reflections: {written} written"
+        + (f", {reused} retries read a confirmed lesson instead" if reused else "")
+        + f"; memory: {', '.join(kept)}"
+        + (f"; refused: {', '.join(refused)}" if refused else "; none refused")
+    )
+
+
 class RunProgress(TrainerCallback):
     """One progress bar for one trainer (a stage or the warm-up) in place of transformers'
     per-step dictionaries; passes each logged step to a `RewardWatch` when given one."""
@@ -156,12 +176,14 @@ class RunProgress(TrainerCallback):
         bar: bool,
         print_logs: bool,
         watch: RewardWatch | None = None,
+        summary: Callable[[], str | None] | None = None,
     ) -> None:
         self.description = description
         self.postfix = postfix
         self.show_bar = bar
         self.print_logs = print_logs
         self.watch = watch
+        self.summary = summary  # a closing line, printed when the trainer ends
         self.bar = None
         self.values: dict[str, str] = {}
 
@@ -199,6 +221,9 @@ class RunProgress(TrainerCallback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        line = self.summary() if self.summary and state.is_world_process_zero else None
+        if line:
+            self._write(line)
 
     def _write(self, message: str, warning: bool = False) -> None:
         if self.bar is not None:
@@ -238,5 +263,6 @@ def show_stage_progress(trainer, args, controller, layout: RunLayout) -> None:
         bar=not args.disable_tqdm,
         print_logs=verbose(args.log_level),
         watch=watch,
+        summary=lambda: memory_summary(stage, trainer.erl_step.tally),
     )
     show_progress(trainer, progress, layout.tensorboard(stage_name(stage)))
