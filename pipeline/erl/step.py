@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pipeline.erl.memory import ReflectionMemory
+from pipeline.erl.memory import MemoryEntry, ReflectionMemory
 from pipeline.erl.prompts import (
     as_completion,
     memory_text,
@@ -313,13 +313,13 @@ def call_feedback(
 class _Unit:
     """One retry to make: gated row `row` (an index into the step's padded rows), the
     lesson it reads (a reflection to write, the raw feedback, or a confirmed lesson), and
-    the memory entries its reflection prompt showed (their ids, for their records)."""
+    the memory entries its reflection prompt shows (their records count its retry)."""
 
     row: int
     valid: bool
     reflect: bool  # a reflection is written for it (else `lesson` is given)
     lesson: str = ""
-    shown: list[int] = field(default_factory=list)
+    shown: list[MemoryEntry] = field(default_factory=list)
     reused: int | None = None  # the id of the confirmed lesson it reads directly
 
 
@@ -417,7 +417,7 @@ class ERLStep:
                     attempt=completion_text(first.completions[idx[u.row]]),
                     feedback=feedback[u.row],
                     reward=r1[u.row].item(),
-                    memory=memory_text(self._shown_lessons(u)),
+                    memory=memory_text([e.reflection for e in u.shown]),
                 )
                 for u in reflecting
             ]
@@ -452,17 +452,16 @@ class ERLStep:
 
         # ---- Remember: every process applies the same records and offers in the same order.
         gains = (torch.nan_to_num(r2) - unit_p_hat).tolist()
-        offers = [
-            (texts[u.row], u.lesson)
+        # A successful reflection is offered unless its retry fell short of memory_min_gain.
+        enough = [
+            (u, gain >= s.memory_min_gain - 1e-9)
             for u, ok, gain in zip(units, success, gains)
-            if ok and u.reflect and s.enable_reflection and gain >= s.memory_min_gain - 1e-9
+            if ok and u.reflect
         ]
-        below_gain = sum(
-            ok and u.reflect and gain < s.memory_min_gain - 1e-9
-            for u, ok, gain in zip(units, success, gains)
-        )
+        offers = [(texts[u.row], u.lesson) for u, gained in enough if gained]
+        below_gain = sum(not gained for _, gained in enough)
         records = [
-            ([*u.shown, *([u.reused] if u.reused is not None else [])], ok)
+            ([e.order for e in u.shown] + ([u.reused] if u.reused is not None else []), ok)
             for u, ok in zip(units, success)
             if u.valid and (u.shown or u.reused is not None)
         ]
@@ -561,28 +560,22 @@ class ERLStep:
                 kind.append(_Unit(template.row, False, template.reflect, template.lesson))
         units = reflect + given
         for number, unit in enumerate(units):
-            if unit.reflect and s.enable_memory:
+            if unit.reflect:
                 rng = random.Random(f"{step}:{processes.index}:{number}")
-                unit.shown = [
-                    e.order
-                    for e in self.memory.lookup(
-                        texts[unit.row], s.memory_top_k, s.memory_scope, rng
-                    )
-                ]
+                unit.shown = self._shown(texts[unit.row], rng)
         return units
 
-    def memory_for(self, text: str, rng: random.Random | None = None) -> str:
-        """The `{memory}` of a reflection prompt for `text`: the stored reflections
-        `memory_scope` picks (the rulebook's draw with `rng`; its strongest entry without)."""
+    def _shown(self, text: str, rng: random.Random | None) -> list[MemoryEntry]:
+        """The entries a reflection prompt for `text` shows: those `memory_scope` picks (the
+        rulebook's draw with `rng`; its strongest entry without); none with the memory off."""
         s = self.settings
         if not s.enable_memory:
-            return memory_text([])
-        return memory_text(self.memory.retrieve(text, s.memory_top_k, s.memory_scope, rng))
+            return []
+        return self.memory.lookup(text, s.memory_top_k, s.memory_scope, rng)
 
-    def _shown_lessons(self, unit: _Unit) -> list[str]:
-        """The lessons of the entries `unit`'s reflection prompt shows, in their order."""
-        by_order = {e.order: e.reflection for e in self.memory}
-        return [by_order[order] for order in unit.shown]
+    def memory_for(self, text: str, rng: random.Random | None = None) -> str:
+        """The `{memory}` of a reflection prompt for `text` (what `_shown` picks)."""
+        return memory_text([e.reflection for e in self._shown(text, rng)])
 
     def _credit(self, processes, prompts, r1, r2, valid) -> list[float]:
         """`retry_advantages` over the retries of every process, sliced back to this one's.
