@@ -192,15 +192,21 @@ def print_memory(label: str, runs: dict[str, list[dict]], s) -> dict[str, list[d
     return shown
 
 
+def pooled_reached(per_rule: dict, arm: str, ref: str, key: str):
+    """The steps (or tokens) to the threshold of `arm` and of `ref`, per seed pooled over
+    the rules, and whether some run of either never reached it (then its total stands in
+    for its crossing, and any comparison is a bound)."""
+    mine = [v for f in per_rule.values() for v in f["reached"][arm][key]]
+    theirs = [v for f in per_rule.values() for v in f["reached"][ref][key]]
+    censored = not all(f["reached"][x]["all"] for f in per_rule.values() for x in (arm, ref))
+    return mine, theirs, censored
+
+
 def ratio_to_grpo(per_rule: dict, arm: str, key: str) -> tuple[list[float], Interval, bool]:
     """`arm`'s steps (or tokens) to the threshold over GRPO's, per seed pooled over the
-    rules, with the 95% interval of their mean; and whether every run of both reached it
-    (if not, a run's total stands in for its crossing and the ratio is a bound)."""
-    ratios, censored = [], False
-    for f in per_rule.values():
-        mine, theirs = f["reached"][arm], f["reached"]["grpo"]
-        ratios += [a / b for a, b in zip(mine[key], theirs[key])]
-        censored |= not (mine["all"] and theirs["all"])
+    rules, with the 95% interval of their mean, and whether the ratio is a bound."""
+    mine, theirs, censored = pooled_reached(per_rule, arm, "grpo", key)
+    ratios = [a / b for a, b in zip(mine, theirs)]
     return ratios, interval(ratios), censored
 
 
@@ -240,11 +246,7 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
                 _, ci = paired(pooled[measure][arm], pooled[measure][ref])
                 print(f"  {arm} - {ref} {measure} pooled: {ci}")
             for key in ("step", "tokens"):
-                a = [v for f in per_rule.values() for v in f["reached"][arm][key]]
-                r = [v for f in per_rule.values() for v in f["reached"][ref][key]]
-                censored = not all(
-                    f["reached"][x]["all"] for f in per_rule.values() for x in (arm, ref)
-                )
+                a, r, censored = pooled_reached(per_rule, arm, ref, key)
                 _, ci = paired(r, a)
                 print(f"  {ref} - {arm} {key.rstrip('s')}s to the threshold pooled: {ci}"
                       + (" (a bound: some runs never reached it)" if censored else ""))  # fmt: skip
