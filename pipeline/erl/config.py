@@ -133,7 +133,7 @@ class ERLConfig(GRPOConfig):
         },
     )
     # What the memory keeps, how reflections are credited, and how many are written (issue
-    # 27). All off, as before; docs/results.md has what each measured on the learning bench.
+    # 27). All off by default; docs/results.md has what each measured on the learning bench.
     memory_lessons_only: bool = field(
         default=False,
         metadata={
