@@ -10,7 +10,9 @@ everything its result depends on (`run_key`), and the warm checkpoint's key hash
 data and its SFT config.
 
 A new arm is one line in `ARMS`, `ABLATIONS` or `VARIANTS`: the trainer, its options, and
-`lr_from`, the swept arm whose learning rate it takes until it is swept itself.
+`lr_from`, the swept arm whose learning rate it takes until it is swept itself. What is
+still being tried and is no ERLConfig option reaches the trainer through its hooks: the
+memory's own options (`memory=`) and which failed attempts reflect (`select_reflecting=`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig, ERLTrainer  # noqa: E402
+from pipeline.erl.memory import ReflectionMemory  # noqa: E402
 from pipeline.erl.step import retry_advantages  # noqa: E402
 from pipeline.evaluate.first_attempts import (  # noqa: E402
     evaluate_first_attempts,
@@ -76,13 +79,46 @@ class Arm:
     # for it), "rule" (the rule itself, the same for every row: a bound) or "" (none).
     context: str = ""
     lr_from: str = ""  # the swept arm whose learning rate this one takes (until swept itself)
+    # ERLTrainer's hooks: ReflectionMemory options beyond the config's (sorted pairs), and
+    # at most this many failed first attempts of a prompt's group reflect (0: all).
+    memory: tuple = ()
+    reflect_per_group: int = 0
 
 
 def arm(
-    trainer: str = "erl", matched: bool = False, context: str = "", lr_from: str = "", **overrides
+    trainer: str = "erl",
+    matched: bool = False,
+    context: str = "",
+    lr_from: str = "",
+    memory: dict | None = None,
+    reflect_per_group: int = 0,
+    **overrides,
 ) -> Arm:
     """An `Arm`; keyword options go to its trainer's config."""
-    return Arm(trainer, tuple(sorted(overrides.items())), matched, context, lr_from)
+    return Arm(
+        trainer,
+        tuple(sorted(overrides.items())),
+        matched,
+        context,
+        lr_from,
+        tuple(sorted((memory or {}).items())),
+        reflect_per_group,
+    )
+
+
+def first_per_group(count: int):
+    """A `select_reflecting` hook: the first `count` gated first attempts of each prompt's
+    group reflect, the others train as GRPO's rows only (`erl_per_group`)."""
+
+    def select(groups: list[str]) -> list[bool]:
+        seen: dict[str, int] = {}
+        keep = []
+        for key in groups:
+            seen[key] = seen.get(key, 0) + 1
+            keep.append(seen[key] <= count)
+        return keep
+
+    return select
 
 
 GRPO_GATE = {"reward_threshold": -1.0}  # every reward is >= -0.5: the gate stays closed
@@ -110,8 +146,6 @@ ARMS = {
 ABLATIONS = {
     "erl_no_memory": arm(enable_memory=False, lr_from="erl"),
     "erl_no_internalization": arm(enable_internalization=False, lr_from="erl"),
-    # the retry reads the raw feedback
-    "erl_no_reflection": arm(enable_reflection=False, lr_from="erl"),
     "erl_global": arm(memory_scope="global", lr_from="erl"),
     "erl_same_prompt": arm(memory_scope="same_prompt", lr_from="erl"),
     "erl_similar": arm(memory_scope="similar", lr_from="erl"),
@@ -119,18 +153,12 @@ ABLATIONS = {
 VARIANTS = {  # further arms: docs/log.md has what each measured
     # A second sample of the original prompt: the retry template drops the reflection (still
     # generated, one token long, and trained with the retry's advantage). It was called
-    # erl_no_reflection before the raw-feedback ablation existed.
+    # erl_no_reflection once.
     "erl_second_sample": arm(
         retry_system_prompt="{prompt}", reflection_max_completion_length=1, lr_from="erl"
     ),
-    "erl_untrained_retries": arm(train_retries=False, lr_from="erl"),
-    "erl_improvement": arm(retry_advantage="improvement", lr_from="erl"),
-    "erl_per_part": arm(loss_normalization="per_part", lr_from="erl"),
     "erl_coef3": arm(internalization_coef=3.0, lr_from="erl"),
     "erl_nomem_coef10": arm(enable_memory=False, internalization_coef=10.0, lr_from="erl"),
-    "erl_untrained_retries_coef10": arm(
-        train_retries=False, internalization_coef=10.0, lr_from="erl"
-    ),
     # SDPO's floor (successful siblings only) and a bound (the rule as every row's context)
     "sdpo_sibling": arm(
         "sdpo",
@@ -140,18 +168,13 @@ VARIANTS = {  # further arms: docs/log.md has what each measured
     ),
     "sdpo_rule": arm("sdpo", context="rule", distillation_weight=0.5, lr_from="sdpo_mixed", **SDPO),
 }
-# What the memory keeps, how a reflection is credited, how many reflections are written
-# (issue 27; ERLConfig's options, docs/erl.md). Each changes one thing against `erl`.
-LESSONS = dict(memory_lessons_only=True, memory_confirmations=True)
+# What the memory keeps and how many failed attempts reflect (issue 27), the two of its
+# options that did something on the fair bench (docs/results.md); through the trainer's
+# hooks. Each changes one thing against `erl`.
 LESSON_ARMS = {
-    "erl_lessons": arm(**LESSONS, lr_from="erl"),  # no degenerate entry; confirmations
-    "erl_min_gain": arm(**LESSONS, memory_min_gain=0.5, lr_from="erl"),
-    # the reflection's advantage: its retry's reward minus its prompt's first-attempt mean
-    "erl_prompt_baseline": arm(reflection_advantage="siblings", lr_from="erl"),
-    # two reflections per failed attempt, each against the other's retry
-    "erl_siblings": arm(reflections_per_attempt=2, reflection_advantage="siblings", lr_from="erl"),
+    # no degenerate entry; each entry's record of its readers ranks and evicts
+    "erl_lessons": arm(memory=dict(lessons_only=True, confirmations=True), lr_from="erl"),
     "erl_per_group": arm(reflect_per_group=1, lr_from="erl"),  # one failed attempt a group
-    "erl_reuse": arm(**LESSONS, reuse_lessons=True, lr_from="erl"),  # no reflection if confirmed
 }
 ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS, **LESSON_ARMS}
 BASELINES = ("grpo", "grpo_matched")
@@ -475,10 +498,10 @@ def counting_sdpo():
 RETRY_LOG: list[dict] = []
 
 
-def recording_retry_advantages(groups, r1, r2, valid, scale, mode):
+def recording_retry_advantages(groups, r1, r2, valid, scale):
     """ERL's retry advantages, recording which rows they reward (diagnostics): the
     trainer's `retry_advantages` hook."""
-    advantages = retry_advantages(groups, r1, r2, valid, scale, mode)
+    advantages = retry_advantages(groups, r1, r2, valid, scale)
     RETRY_LOG.append(
         {"r1": r1.tolist(), "r2": r2.tolist(), "valid": list(valid), "adv": list(advantages)}
     )
@@ -596,6 +619,10 @@ def train_one(
             reward_funcs=reward_funcs,
             feedback_func=feedback_func,
             retry_advantages=recording_retry_advantages,
+            memory=ReflectionMemory.from_config(args, **dict(spec.memory)),
+            select_reflecting=first_per_group(spec.reflect_per_group)
+            if spec.reflect_per_group
+            else None,
             processing_class=tokenizer,
         )
     recorder = Recorder(

@@ -234,6 +234,50 @@ def test_a_resume_with_other_options_is_one_line(run_argv, tmp_path, capsys):
     )
 
 
+def test_a_removed_erl_option_is_one_line_on_the_command_line_in_a_recipe_and_on_resume(
+    run_argv, tmp_path, capsys
+):
+    """ERLConfig options removed by issue 31 name what became of them; an old run that
+    kept such an option at its default resumes, one that changed it is refused."""
+    from pipeline.models.backend import active_backend
+    from pipeline.run.config import check_resume_config, parse_run_config, resolved_config
+
+    out = tmp_path / "out"
+    line = refusal(capsys, run(run_argv("--reflect_per_group", "1")))
+    assert line == (
+        "error: --reflect_per_group no longer exists (1): moved to a hook: "
+        "ERLTrainer(select_reflecting=...), e.g. first_per_group(n) in bench/learning_arms.py"
+    )
+    old = tmp_path / "old.yaml"
+    old.write_text(Path(TINY).read_text() + "\nmemory_min_gain: 0.5\n")
+    argv = run_argv()
+    argv[argv.index(TINY)] = str(old)
+    line = refusal(capsys, run(argv))
+    assert line.startswith("error: --config: option memory_min_gain no longer exists (0.5): ")
+    assert line.endswith(
+        "removed: it measured nothing on the learning bench (docs/log.md, 2026-12-02)"
+    )
+    assert not out.exists()
+
+    options, model, curriculum, args = parse_run_config(run_argv())
+    model.backend = active_backend()
+    started = resolved_config(options, model, curriculum, args)
+    out.mkdir()
+    (out / "curriculum_state.json").write_text('{"stages": [], "current_stage": 0}')
+    (out / "run_config.json").write_text(json.dumps({**started, "train_retries": True}))
+    check_resume_config(out, started)  # the old default: it trained as today's code does
+    (out / "run_config.json").write_text(json.dumps({**started, "train_retries": False}))
+    before = folder_state(out)
+    line = refusal(capsys, run(run_argv("--resume", "true")))
+    assert line == (
+        f"error: --resume true: the run in {out} started with option train_retries, which no "
+        "longer exists (False): ERLConfig option train_retries was removed: it measured "
+        "nothing on the learning bench (docs/log.md, 2026-12-02); start a new run in another "
+        "--output_dir"
+    )
+    assert folder_state(out) == before
+
+
 def test_a_recipe_without_bf16_trains_on_a_cpu(tmp_path):
     """TRL turns bf16 on by default, which transformers refuses without a GPU: the run's
     default is off where there is no CUDA GPU with bf16."""

@@ -8,7 +8,7 @@ from conftest import length_reward
 
 from pipeline import ERLTrainer
 from pipeline.erl.batch import INERT_KEY, NewRows, cat_padded, completion_layout
-from pipeline.erl.loss import importance_sampling_ratio
+from pipeline.erl.upstream import importance_sampling_ratio
 
 
 def test_cat_padded_keeps_pad_to_multiple_of_when_new_rows_are_wider():

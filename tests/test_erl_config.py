@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pipeline import ERLConfig
@@ -17,7 +19,7 @@ def test_seed_defaults():
     assert config.internalization_coef == 1.0
     assert config.enable_memory and config.enable_internalization
     # Chosen by measurement (docs/log.md, "memory_scope and loss_normalization").
-    assert (config.memory_scope, config.loss_normalization) == ("same_prompt", "merged")
+    assert config.memory_scope == "same_prompt"
     for placeholder in ("{prompt}", "{attempt}", "{feedback}", "{reward:.2f}", "{memory}"):
         assert placeholder in config.reflection_system_prompt
     assert "{prompt}" in config.retry_system_prompt and "{reflection}" in config.retry_system_prompt
@@ -30,6 +32,7 @@ def test_seed_defaults():
         ({"retry_system_prompt": "{prompt} {feedback}"}, r"retry_system_prompt.*\['feedback'\]"),
         ({"retry_system_prompt": "{prompt"}, "retry_system_prompt is not a valid template"),
         ({"memory_size": -1}, "memory_size must be >= 0, got -1"),
+        ({"memory_scope": "nearest"}, "memory_scope must be one of"),
         ({"memory_top_k": -2}, "memory_top_k must be >= 0, got -2"),
         ({"internalization_coef": float("nan")}, "internalization_coef"),
         ({"reward_threshold": float("inf")}, "reward_threshold"),
@@ -67,12 +70,47 @@ def test_literal_braces_are_allowed():
     )
 
 
-def test_the_old_name_of_the_peak_memory_factor_still_works_with_a_warning():
-    """`memory_budget` was the peak-memory factor's name; the reflection memory keeps the
-    `memory_*` options."""
-    assert make().peak_memory_factor == 1.5
-    with pytest.warns(FutureWarning, match="memory_budget is deprecated: use peak_memory_factor"):
-        config = make(memory_budget=1.2)
-    assert config.peak_memory_factor == 1.2 and config.memory_budget is None
-    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="peak_memory_factor"):
-        make(memory_budget=-1.0)
+def test_erl_config_keeps_at_most_15_options_of_its_own_the_seeds_among_them():
+    """What earned its place: the seed's API, what a recipe sets, a measured default."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    own = {f.name for f in dataclasses.fields(ERLConfig)} - {
+        f.name for f in dataclasses.fields(GRPOConfig)
+    }
+    seed = {"reward_threshold", "memory_size", "memory_top_k", "reflection_system_prompt"}
+    seed |= {"retry_system_prompt", "internalization_coef", "enable_memory"}
+    seed |= {"enable_internalization"}
+    assert seed <= own and len(own) <= 15, sorted(own)
+
+
+@pytest.mark.parametrize(
+    "name, value, says",
+    [
+        ("reflect_per_group", 1, "moved to a hook: ERLTrainer(select_reflecting=...)"),
+        ("memory_lessons_only", True, "ReflectionMemory.from_config(args, lessons_only=True)"),
+        ("train_retries", False, "removed: it measured nothing"),
+        ("memory_budget", 1.2, "renamed: use peak_memory_factor"),
+    ],
+)
+def test_a_removed_option_is_refused_with_what_became_of_it(name, value, says):
+    with pytest.raises(ValueError, match=f"ERLConfig option {name} was .*{re.escape(says)}"):
+        make(**{name: value})
+
+
+def test_the_readmes_erlconfig_example_builds(tmp_path, monkeypatch):
+    """README's "Swap GRPOTrainer for ERLTrainer" config, as written (the trainer itself
+    needs a hub model; examples/quickstart.py runs the same swap on the tiny model)."""
+    import ast
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("config = ERLConfig(", 1)[1]
+    call = "ERLConfig(" + block[: block.index("\n)\n") + 2]
+    tree = ast.parse(call, mode="eval")
+    assert isinstance(tree.body, ast.Call) and tree.body.func.id == "ERLConfig"
+    monkeypatch.chdir(tmp_path)
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in tree.body.keywords}
+    config = make(**{k: v for k, v in kwargs.items() if k != "output_dir"})
+    assert all(getattr(config, k) == v for k, v in kwargs.items() if k != "output_dir")

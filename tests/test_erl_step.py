@@ -23,8 +23,6 @@ from pipeline.erl.memory import ReflectionMemory
 from pipeline.erl.prompts import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
 from pipeline.erl.step import (
     NO_FEEDBACK,
-    PART_INTERNALIZATION,
-    PART_RETRY,
     ERLStep,
     FirstAttempts,
     Generated,
@@ -40,24 +38,13 @@ def settings(**overrides):
     """The ERLConfig options the step reads, at ERLConfig's defaults."""
     values = dict(
         reward_threshold=1.0,
-        enable_reflection=True,
-        enable_memory=True,
         enable_internalization=True,
         internalization_coef=0.7,
-        train_retries=True,
-        retry_advantage="group",
         scale_rewards="group",
         reflection_system_prompt=DEFAULT_REFLECTION_PROMPT,
         retry_system_prompt=DEFAULT_RETRY_PROMPT,
         reflection_max_completion_length=None,
         max_completion_length=8,
-        memory_top_k=3,
-        memory_scope="same_prompt",
-        memory_min_gain=0.0,
-        reflections_per_attempt=1,
-        reflection_advantage="retry",
-        reflect_per_group=0,
-        reuse_lessons=False,
     )
     return SimpleNamespace(**{**values, **overrides})
 
@@ -146,7 +133,7 @@ def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
     rows = result.rows
     # Reflections, retries (advantage from r2 within the prompt's group; alone: r2 - r1),
     # then one internalization row per successful retry.
-    assert rows.parts == [PART_RETRY] * 6 + [PART_INTERNALIZATION] * 2
+    assert len(rows.advantages) == 8
     assert rows.advantages[:6] == pytest.approx([0.0, 0.0, -0.2] * 2)
     assert rows.advantages[6:] == [0.7, 0.7]
     assert rows.prompt_ids[6] == ids("What is 1+1?") and rows.completion_ids[6] == ids("right")
@@ -165,7 +152,6 @@ def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
         "erl/internalization_loss": pytest.approx(0.25 * 0.7),
         "erl/memory_size": 2.0,
         "erl/reflections": 3.0,
-        "erl/memory_below_gain": 0.0,
         "erl/memory_stored": 1.0,
         "erl/memory_confirmed": 1.0,
     }
@@ -181,31 +167,20 @@ def test_no_gated_row_adds_nothing():
     assert result.metrics["erl/internalization_rows"] == 0.0
 
 
-def test_without_reflection_the_retry_reads_the_feedback_and_nothing_is_stored():
-    backend = Backend(solvable={"a"})
-    memory = ReflectionMemory(5)
-    step = ERLStep(settings(enable_reflection=False), memory)
-    result = step(backend, first_attempts(["a"], torch.zeros(1)), step=1)
-    ((retries, _),) = backend.generated  # no reflection call
-    assert retries[0][0]["content"].endswith(": not guess")
-    assert result.rows.parts == [PART_RETRY, PART_INTERNALIZATION] and len(memory) == 0
-
-
-def test_untrained_retries_stay_inert_and_the_hook_credits_them():
+def test_the_retry_advantages_hook_credits_reflections_and_retries():
     calls = []
 
-    def credit(groups, r1, r2, valid, scale, mode):
-        calls.append((groups, r2.tolist(), valid, scale, mode))
-        return [float(i) for i in range(len(groups))]
+    def credit(groups, r1, r2, valid, scale):
+        calls.append((groups, r2.tolist(), valid, scale))
+        return [float(i) + 2 for i in range(len(groups))]
 
     backend = Backend(solvable={"b"})
-    step = ERLStep(settings(train_retries=False, scale_rewards="none"), ReflectionMemory(5), credit)
+    step = ERLStep(settings(scale_rewards="none"), ReflectionMemory(5), credit)
     result = step(backend, first_attempts(["a", "b"], torch.zeros(2)), step=1)
-    ((groups, r2, valid, scale, mode),) = calls
-    assert len(set(groups)) == 2 and r2 == [0.0, 1.0] and valid == [True, True]
-    assert (scale, mode) == (False, "group")
-    assert result.rows.advantages[:4] == [0.0, 1.0, 0.0, 1.0]  # the hook's values
-    assert result.rows.valid == [False] * 4 + [True]  # only the internalization row trains
+    ((groups, r2, valid, scale),) = calls
+    assert len(set(groups)) == 2 and r2 == [0.0, 1.0] and valid == [True, True] and not scale
+    assert result.rows.advantages[:4] == [2.0, 3.0, 2.0, 3.0]  # the hook's values
+    assert result.rows.valid == [True] * 5
 
 
 def test_unscorable_retries_carry_no_signal():
@@ -223,102 +198,26 @@ def test_unscorable_retries_carry_no_signal():
     )
 
 
-class TwoMinds(Backend):
-    """Reflections alternate between two texts; only a retry reading the first succeeds."""
+def test_the_select_reflecting_hook_chooses_which_gated_rows_reflect():
+    """The hook sees every gated row's group key in order and keeps, here, the first of
+    each group: "q" and "z" reflect once each; every row still counts as gated."""
+    seen = []
 
-    def generate(self, prompts, max_new_tokens):
-        self.generated.append((list(prompts), max_new_tokens))
-        texts = []
-        for prompt in prompts:
-            text = content(prompt)
-            if text.startswith("You tried"):
-                texts.append("Add five." if len(texts) % 2 == 0 else "Add one.")
-            else:
-                texts.append("right" if text.endswith("Add five.") else "wrong")
-        return Generated(
-            [ids(content(p)) for p in prompts], [ids(t) for t in texts], texts, [None] * len(texts)
-        )
+    def first_of_each_group(groups):
+        seen.append(list(groups))
+        return [groups.index(key) == i for i, key in enumerate(groups)]
 
-
-def test_sibling_reflections_are_credited_against_each_other_not_by_the_retry():
-    """Two reflections on one failed attempt: the helpful one gets +1, the other -1 (its
-    sibling's retry is the baseline); the retries keep their own group advantage."""
-    result = ERLStep(settings(reflections_per_attempt=2, reflection_advantage="siblings"),
-                     ReflectionMemory(5))(TwoMinds(), first_attempts(["q"], torch.zeros(1)), step=1)  # fmt: skip
-    rows = result.rows
-    assert rows.parts == [PART_RETRY] * 4 + [PART_INTERNALIZATION]
-    assert rows.advantages[:2] == pytest.approx([1.0, -1.0])  # the two reflections
-    std = torch.tensor([1.0, 0.0]).std().item()
-    assert rows.advantages[2:4] == pytest.approx([0.5 / (std + 1e-4), -0.5 / (std + 1e-4)])
-    assert result.metrics["erl/reflections"] == 2.0
-    # With `retry` credit both reflections would carry their retry's (group) advantage.
-    plain = ERLStep(settings(reflections_per_attempt=2), ReflectionMemory(5))(
-        TwoMinds(), first_attempts(["q"], torch.zeros(1)), step=1
-    )
-    assert plain.rows.advantages[:2] == pytest.approx(plain.rows.advantages[2:4])
-
-
-def test_a_lone_reflection_is_credited_against_its_prompts_first_attempts():
-    """One failed attempt of a group whose other attempt succeeded (mean r1 0.5): a
-    successful retry's reflection gets r2 - 0.5, whatever its text."""
-    result = ERLStep(settings(reflection_advantage="siblings"), ReflectionMemory(5))(
-        Backend(solvable={"q"}), first_attempts(["q", "q"], torch.tensor([0.0, 1.0])), step=1
-    )
-    assert result.rows.advantages[0] == pytest.approx(0.5)
-
-
-@pytest.mark.parametrize("min_gain, stored", [(0.5, 1), (0.6, 0)])
-def test_a_reflection_enters_only_when_its_retry_beats_its_prompt_by_min_gain(min_gain, stored):
-    """The retry succeeds (r2 1) where the prompt's first attempts averaged 0.5: a gain of
-    0.5, enough for memory_min_gain 0.5 and not for 0.6 (counted as refused)."""
-    memory = ReflectionMemory(5)
-    result = ERLStep(settings(memory_min_gain=min_gain), memory)(
-        Backend(solvable={"q"}), first_attempts(["q", "q"], torch.tensor([0.0, 1.0])), step=1
-    )
-    assert len(memory) == stored
-    assert result.metrics["erl/memory_below_gain"] == float(1 - stored)
-    assert result.metrics["erl/retry_success_rate"] == 1.0  # the retry itself still counts
-
-
-def test_reflect_per_group_reflects_on_the_first_failed_attempts_of_each_prompt():
     backend = Backend(solvable={"q"})
-    step = ERLStep(settings(reflect_per_group=1), ReflectionMemory(5))
+    step = ERLStep(settings(), ReflectionMemory(5), select_reflecting=first_of_each_group)
     result = step(backend, first_attempts(["q", "q", "z", "q"], torch.zeros(4)), step=1)
     (reflections, _), (retries, _) = backend.generated
-    assert len(reflections) == 2 and len(retries) == 2  # one for "q", one for "z"
+    assert len(seen[0]) == 4 and len(set(seen[0])) == 2
     assert [content(p).split("\n\n")[0] for p in retries] == ["q", "z"]
-    assert result.metrics["erl/gated_fraction"] == 1.0  # every row was gated all the same
-    assert step.tally["reflections"] == 2
-
-
-def test_a_confirmed_lesson_is_read_directly_and_its_record_counts_the_retry():
-    """With reuse_lessons, a prompt whose lesson holds 3 successes retries with it: no
-    reflection is written; the retry's outcome enters the lesson's record."""
-    memory = ReflectionMemory(5, scope="same_prompt", confirmations=True)
-    for _ in range(3):  # stored once, then confirmed twice
-        memory.add("q", "Check q again.", step=0)
-    memory.pop_outcomes()
-    backend = Backend(solvable={"q"})
-    step = ERLStep(settings(reuse_lessons=True), memory)
-    result = step(backend, first_attempts(["q", "z"], torch.zeros(2)), step=1)
-    (reflections, _), (retries, _) = backend.generated
-    assert len(reflections) == 1 and "z" in reflections[0][0]["content"]  # only "z" reflects
-    assert any(content(p) == "q\n\nAdvice from a previous attempt: Check q again." for p in retries)
-    assert result.metrics["erl/lessons_reused"] == 1.0
-    (entry,) = [e for e in memory if e.prompt == "q"]
-    assert (entry.reads, entry.successes) == (4, 4)
-    # Every gated row reads a confirmed lesson: no reflection call at all.
-    backend = Backend(solvable={"q"})
-    result = ERLStep(settings(reuse_lessons=True), memory)(
-        backend, first_attempts(["q", "q"], torch.zeros(2)), step=2
-    )
-    ((retries, _),) = backend.generated
-    assert len(retries) == 2 and result.metrics["erl/reflections"] == 0.0
-    assert result.rows.parts == [PART_RETRY] * 2 + [PART_INTERNALIZATION] * 2
-    # Without reuse_lessons the same memory still gets a fresh reflection for "q".
-    backend = Backend(solvable={"q"})
-    ERLStep(settings(), memory)(backend, first_attempts(["q"], torch.zeros(1)), step=2)
-    assert len(backend.generated) == 2
+    assert len(reflections) == 2 and step.tally["reflections"] == 2
+    assert result.metrics["erl/gated_fraction"] == 1.0
+    bad = ERLStep(settings(), ReflectionMemory(5), select_reflecting=lambda groups: [True])
+    with pytest.raises(ValueError, match="select_reflecting returned 1 flags for 2 gated rows"):
+        bad(Backend(), first_attempts(["q", "z"], torch.zeros(2)), step=1)
 
 
 class ThreadProcesses:

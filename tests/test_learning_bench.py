@@ -171,7 +171,7 @@ def test_the_run_key_changes_with_what_decides_a_result(monkeypatch):
     monkeypatch.setattr(arms, "REFLECTION_TEMPLATE", arms.REFLECTION_TEMPLATE + " ")
     changed["template"] = key()
     monkeypatch.undo()
-    monkeypatch.setitem(arms.ALL_ARMS, "erl", arms.arm(train_retries=False))
+    monkeypatch.setitem(arms.ALL_ARMS, "erl", arms.arm(internalization_coef=2.0))
     changed["the arm's overrides"] = key()
     monkeypatch.undo()
     monkeypatch.setitem(arms.REWARDS, s.reward, {"correctness": 0.5, "format": 0.5})

@@ -50,7 +50,7 @@ def test_what_is_no_lesson(reflection, problem):
 
 
 def test_no_lesson_is_refused_and_counted_by_reason():
-    memory = ReflectionMemory(max_size=10)
+    memory = ReflectionMemory(max_size=10, lessons_only=True)
     outcomes = [
         memory.add(HIDDEN_RULE_PROMPT, text, step=1)
         for text in ("", "<answer>7</answer>", "a#b = = = = = =", "3#4", "a#b = a+b+2")
@@ -61,8 +61,8 @@ def test_no_lesson_is_refused_and_counted_by_reason():
         "empty": 1, "answer_format": 1, "repetitive": 1, "prompt_copy": 1, "stored": 1
     }  # fmt: skip
     assert memory.pop_outcomes() == {}
-    # lessons_only=False (the ablation) stores whatever preceded a success.
-    anything = ReflectionMemory(max_size=10, lessons_only=False)
+    # lessons_only=False (the default, as in ERLConfig) stores whatever preceded a success.
+    anything = ReflectionMemory(max_size=10)
     assert anything.add(HIDDEN_RULE_PROMPT, "a#b = = = = = =", step=1) == "stored"
 
 
@@ -80,33 +80,33 @@ def test_a_restated_lesson_confirms_its_entry_instead_of_entering_twice():
 
 
 def test_a_reading_retry_moves_its_entrys_standing():
-    memory = ReflectionMemory(max_size=10, scope="global")
+    memory = ReflectionMemory(max_size=10, scope="global", confirmations=True)
     memory.add("3#4", "a#b = a+b+2", step=1)  # order 0
     memory.add("5#1", "a#b = a+b+3", step=1)  # order 1, the newest
-    assert memory.retrieve("x", k=1) == ["a#b = a+b+3"]  # equal records: the newest
+    assert memory.retrieve("x") == ["a#b = a+b+3"]  # equal records: the newest
     memory.record([1], success=False)
     memory.record([0, 7], success=True)  # a gone entry's id is skipped
     first, second = sorted(memory, key=lambda e: e.order)
     assert (first.reads, first.successes, second.reads, second.successes) == (2, 2, 2, 1)
     assert first.standing == pytest.approx(3 / 4) and second.standing == pytest.approx(2 / 4)
-    assert memory.retrieve("x", k=1) == ["a#b = a+b+2"]  # the confirmed rule, not the newest
+    assert memory.retrieve("x") == ["a#b = a+b+2"]  # the confirmed rule, not the newest
     assert [e.order for e in memory.rulebook()] == [0, 1]
     # Without confirmations: the ERL paper's rulebook, the newest entry whatever its record.
-    plain = ReflectionMemory(max_size=10, scope="global", confirmations=False)
+    plain = ReflectionMemory(max_size=10, scope="global")
     plain.load_state_dict(memory.state_dict())
-    assert plain.retrieve("x", k=1) == ["a#b = a+b+3"]
+    assert plain.retrieve("x") == ["a#b = a+b+3"]
 
 
 def test_the_rulebook_tries_a_new_entry_and_keeps_the_one_that_works():
     """With an rng, each reflection prompt sees the entry of the highest Beta draw: a new
     entry is shown often at first; a lesson whose readers fail loses its place."""
-    memory = ReflectionMemory(max_size=10, scope="global")
+    memory = ReflectionMemory(max_size=10, scope="global", confirmations=True)
     memory.add("3#4", "a#b = a+b+2", step=1)  # order 0: retries that read it succeed
     memory.add("5#1", "a#b = a+b+5", step=1)  # order 1: retries that read it fail
     rng = random.Random(0)
     shown = []
     for _ in range(200):
-        entry = memory.lookup("x", k=1, rng=rng)[0]
+        entry = memory.shown("x", rng=rng)[0]
         shown.append(entry.order)
         memory.record([entry.order], success=entry.order == 0)
     assert 0 in shown[:20] and 1 in shown[:20]  # both tried early
@@ -115,14 +115,14 @@ def test_the_rulebook_tries_a_new_entry_and_keeps_the_one_that_works():
 
 
 def test_a_full_memory_evicts_its_weakest_entry():
-    memory = ReflectionMemory(max_size=2, scope="global")
+    memory = ReflectionMemory(max_size=2, scope="global", confirmations=True)
     memory.add("p", "lesson one", step=1)  # order 0
     memory.add("p", "lesson two", step=1)  # order 1
     memory.record([1], success=False)  # lesson two's reader failed: the weaker
     memory.add("p", "lesson three", step=2)
     assert [e.reflection for e in memory] == ["lesson one", "lesson three"]
     # Equal records: the oldest goes (FIFO), as it does without confirmations.
-    plain = ReflectionMemory(max_size=2, confirmations=False)
+    plain = ReflectionMemory(max_size=2)
     for i in range(3):
         plain.add("p", f"lesson {i}", step=i)
     plain.record([1], success=False)
@@ -152,46 +152,53 @@ def test_with_no_records_read_back_the_oldest_goes_first():
 
 
 def test_retrieval_ranks_by_relevance_then_recency():
-    memory = ReflectionMemory(max_size=10)
+    memory = ReflectionMemory(max_size=10, scope="similar", top_k=2)
     memory.add("sokoban push the box left", "boxes in corners are lost", step=1)
     memory.add("add 3 and 4", "carry the one", step=2)
     memory.add("add 5 and 6", "write only the number", step=3)
     memory.add("frozen lake holes", "avoid holes", step=4)
-    assert memory.retrieve("add 3 and 9", k=2) == ["carry the one", "write only the number"]
+    assert memory.retrieve("add 3 and 9") == ["carry the one", "write only the number"]
     # Equal relevance (no shared word): the most recent comes first.
-    assert memory.retrieve("zzz", k=2) == ["avoid holes", "write only the number"]
-    assert memory.retrieve("add", k=0) == []
+    assert memory.retrieve("zzz") == ["avoid holes", "write only the number"]
+    memory.top_k = 0
+    assert memory.retrieve("add") == []
 
 
 def test_same_prompt_scope_retrieves_only_that_prompts_lessons_newest_first():
-    memory = ReflectionMemory(max_size=10)
-    memory.add("What is 3 + 4?", "The answer is 7.", step=1)
-    memory.add("What is 3 + 5?", "The answer is 8.", step=2)  # similar words, another problem
-    memory.add("What is 3 + 4?", "Count on from 3.", step=3)
-    assert memory.retrieve("What is 3 + 4?", k=5, scope="same_prompt") == [
-        "Count on from 3.",
-        "The answer is 7.",
-    ]
-    assert memory.retrieve("What is 3 + 4?", k=1, scope="same_prompt") == ["Count on from 3."]
+    state = ReflectionMemory(max_size=10)  # same_prompt, the default
+    state.add("What is 3 + 4?", "The answer is 7.", step=1)
+    state.add("What is 3 + 5?", "The answer is 8.", step=2)  # similar words, another problem
+    state.add("What is 3 + 4?", "Count on from 3.", step=3)
+
+    def memory(**options):
+        same = ReflectionMemory(max_size=10, **options)
+        same.load_state_dict(state.state_dict())
+        return same
+
+    assert memory(top_k=5).retrieve("What is 3 + 4?") == ["Count on from 3.", "The answer is 7."]
+    assert memory(top_k=1).retrieve("What is 3 + 4?") == ["Count on from 3."]
     # By similarity, the other problem's lesson is retrieved as well.
-    assert "The answer is 8." in memory.retrieve("What is 3 + 4?", k=3)
-    assert memory.retrieve("What is 9 + 9?", k=3, scope="same_prompt") == []
+    assert "The answer is 8." in memory(scope="similar").retrieve("What is 3 + 4?")
+    assert memory().retrieve("What is 9 + 9?") == []
     with pytest.raises(ValueError, match="scope"):
-        memory.retrieve("What is 3 + 4?", k=1, scope="nearest")
+        ReflectionMemory(max_size=10, scope="nearest")
+    with pytest.raises(ValueError, match="top_k"):
+        ReflectionMemory(max_size=10, top_k=-1)
 
 
 def test_global_scope_is_the_latest_successful_reflection_for_every_prompt():
     """The ERL paper's rulebook: one entry, the newest, whatever the prompt."""
-    memory = ReflectionMemory(max_size=10)
-    assert memory.retrieve("3#4", k=3, scope="global") == []
+    memory = ReflectionMemory(max_size=10, scope="global")
+    assert memory.retrieve("3#4") == []
     memory.add("3#4", "a#b = a+b+2", step=1)
     memory.add("5#1", "a#b = a+b+3", step=1)
     for prompt in ("3#4", "5#1", "9#9", "anything"):
-        assert memory.retrieve(prompt, k=3, scope="global") == ["a#b = a+b+3"]
-    assert memory.retrieve("3#4", k=0, scope="global") == []
-    restored = ReflectionMemory(max_size=10)
+        assert memory.retrieve(prompt) == ["a#b = a+b+3"]
+    restored = ReflectionMemory(max_size=10, scope="global", top_k=1)
     restored.load_state_dict(memory.state_dict())  # a resumed (or another) process: the same
-    assert restored.retrieve("x", k=1, scope="global") == ["a#b = a+b+3"]
+    assert restored.retrieve("x") == ["a#b = a+b+3"]
+    restored.top_k = 0
+    assert restored.retrieve("3#4") == []
 
 
 def test_trainer_memory_text_follows_memory_scope(tiny_model_dir, arithmetic_dataset, erl_args):
@@ -319,16 +326,37 @@ def test_global_rulebook_is_checkpointed_and_restored_on_resume(
     assert resumed.memory.state_dict()["added"] == 16
 
 
-def test_a_lesson_is_confirmed_by_three_successes_and_lost_by_more_failures():
-    memory = ReflectionMemory(5, scope="similar")
-    memory.add("What is 3#4?", "a#b = a+b+5", step=0)
-    memory.add("What is 3#4?", "a#b = a+b+5", step=1)  # a restatement: 2 successes
-    assert memory.confirmed("What is 3#4?") is None
-    memory.add("What is 3#4?", "a#b = a+b+5", step=2)  # 3: confirmed where a word is shared
-    assert memory.confirmed("What is 7#7?").reflection == "a#b = a+b+5"
-    assert memory.confirmed("zzz") is None  # "similar" with no shared word: not this lesson
-    (entry,) = list(memory)
-    for _ in range(4):  # 4 failed readers against 3 successes
-        memory.record([entry.order], success=False)
-    assert memory.confirmed("What is 7#7?") is None
-    assert ReflectionMemory(5, confirmations=False).confirmed("x") is None
+def test_the_memory_is_built_from_the_config_and_a_disagreeing_one_is_refused(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    """One route for the memory's options: the trainer's memory holds the config's scope,
+    top-k and size (0 with the memory off), its defaults are the config's, and a `memory=`
+    built otherwise is refused by name."""
+    from conftest import length_reward
+
+    from pipeline import ERLConfig, ERLTrainer
+
+    defaults = ERLConfig(output_dir="unused", use_cpu=True, bf16=False)
+    plain = ReflectionMemory(defaults.memory_size)
+    assert (plain.scope, plain.top_k) == (defaults.memory_scope, defaults.memory_top_k)
+    assert plain.disagreement(defaults) is None
+    args = erl_args(memory_scope="global", memory_top_k=1, memory_size=7)
+    built = ReflectionMemory.from_config(args, lessons_only=True)
+    assert (built.max_size, built.scope, built.top_k, built.lessons_only) == (7, "global", 1, True)
+    assert ReflectionMemory.from_config(erl_args(enable_memory=False)).max_size == 0
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=args,
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+        memory=built,
+    )
+    assert trainer.memory is built and trainer.erl_step.memory is built
+    with pytest.raises(ValueError, match=r"memory_scope \('same_prompt' in the config, 'global'"):
+        ERLTrainer(
+            model=tiny_model_dir,
+            args=erl_args(memory_top_k=1, memory_size=7),
+            train_dataset=arithmetic_dataset,
+            reward_funcs=length_reward,
+            memory=built,
+        )

@@ -71,12 +71,10 @@ def test_info_and_debug_log_levels_bring_the_metric_dictionaries_back():
 
 def test_the_stage_line_says_what_became_of_its_reflections():
     tally = {"reflections": 12, "stored": 2, "confirmed": 3, "empty": 1, "repetitive": 4}
-    tally |= {"below_gain": 1, "answer_format": 0}
+    tally |= {"answer_format": 0}
     assert memory_summary(2, tally) == (
         "[stage 2] reflections: 12 written; memory: 2 stored, 3 confirmed; "
-        "refused: 1 empty, 4 repetitive, 1 below memory_min_gain"
+        "refused: 1 empty, 4 repetitive"
     )
     assert memory_summary(1, {"reflections": 3, "stored": 3}).endswith("; none refused")
-    reused = memory_summary(1, {"reflections": 0, "reused": 5})
-    assert "0 written, 5 retries read a confirmed lesson instead" in reused
     assert memory_summary(1, {}) is None  # no reflection: no line

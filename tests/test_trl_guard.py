@@ -41,6 +41,60 @@ def test_trainer_scales_the_returned_loss_as_erl_assumes():
     ) in source
 
 
+# Each hand copy in pipeline/erl/upstream.py, with lines of TRL 1.15.0's GRPOTrainer it
+# follows: an upgrade that changes them fails here, naming the copy to compare.
+UPSTREAM_LINES = {
+    "weighted_reward": [
+        "unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)",
+        "rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)",
+        "rewards[unscorable_mask] = torch.nan",
+    ],
+    "reference_logps": [
+        'with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):',
+    ],
+    "trainable_completions": [
+        "eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]",
+        "is_truncated = torch.tensor([ids[-1] not in eos_and_pad for ids in completion_ids_list]",
+    ],
+    "adaptive_entropy_step": [
+        'window_stats = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")',
+        "if world_entropy <= self.args.entropy_target:",
+    ],
+    "entropy_quantile": [
+        "padded = self.accelerator.pad_across_processes(local, dim=0, pad_index=pad_value)",
+        "entropy_threshold = torch.quantile(gathered, threshold)",
+    ],
+    "high_entropy_mask": [
+        "masked_entropies = entropies * mask.float()",
+        "return entropy_mask & mask.bool()",
+    ],
+    "importance_sampling_ratio": [
+        "per_token_logps_diff = torch.nan_to_num(per_token_logps_diff, nan=0.0)",
+        "per_sequence_logps_diff = per_token_logps_diff.sum(dim=-1, keepdim=True)",
+        'if self.vllm_importance_sampling_mode in ["sequence_truncate", "token_truncate"]:',
+        "invalid_mis_mask, value=0.0",
+    ],
+}
+
+
+def test_every_upstream_copy_follows_lines_trl_still_has():
+    from trl.trainer import grpo_trainer
+
+    from pipeline.erl import upstream
+
+    source = inspect.getsource(grpo_trainer)
+    copies = {
+        name
+        for name, value in vars(upstream).items()
+        if inspect.isfunction(value) and value.__module__ == upstream.__name__
+    }
+    # returned_loss_scale follows transformers' Trainer (the test above).
+    assert copies - {"returned_loss_scale"} == set(UPSTREAM_LINES)
+    for name, lines in UPSTREAM_LINES.items():
+        for line in lines:
+            assert line in source, f"{name}: TRL no longer has {line!r}"
+
+
 def test_overridden_private_signatures_are_unchanged():
     for name, expected in EXPECTED_SIGNATURES.items():
         assert str(inspect.signature(getattr(GRPOTrainer, name))) == expected, name

@@ -25,7 +25,6 @@ SUITE = [
     "tests/test_erl_bases.py",
     "tests/test_erl_entropy_quantile.py",
     "tests/test_erl_internalization.py",
-    "tests/test_erl_normalization.py",
     "tests/test_erl_4bit.py",  # the same claims on a 4-bit NF4 + LoRA model, and its own
 ]
 

@@ -5,10 +5,11 @@
                         rows, against a small interface (no trl, no transformers)
     trainer.py          ERLTrainer: the adapter to TRL (hooks, generation, guards, save/load)
     batch.py            ERL's rows in the base trainer's batch layout
-    loss.py             a merged chunk's loss in micro-batches; the hand copies of upstream code
+    loss.py             a merged chunk's loss in micro-batches
+    upstream.py         every hand copy of TRL / transformers code ERL relies on
     micro_batches.py    how a chunk is cut into micro-batches, every loss term counted once
     budget.py           the memory budget: measured loss forwards, generate calls, meters
-    memory.py           the cross-episode reflection memory
+    memory.py           the cross-episode reflection memory, which owns its options
     prompts.py          the reflection and retry prompts, and the memory's text
 
 Nothing here imports `pipeline.run`. Import the classes from `pipeline`

@@ -24,8 +24,8 @@ from collections.abc import Callable
 import torch
 from trl.trainer.utils import pad
 
-from pipeline.erl.loss import importance_sampling_ratio
-from pipeline.erl.step import PART_FIRST, PARTS, NewRows
+from pipeline.erl.step import NewRows
+from pipeline.erl.upstream import importance_sampling_ratio
 
 # A (B,) bool tensor in merged batches: rows that carry no signal (filler to a multiple of
 # steps_per_generation, rows that equalise counts across processes). TRL's buffering
@@ -142,11 +142,53 @@ def merge_rows(
     target = int(counts.max().item())
     target += -(output["prompt_ids"].size(0) + target) % steps_per_generation
     rows.add_filler(target - len(rows.valid))
+    merged = _merged_core(output, rows, pad_id, multiple)
+    # Optional tensors exist only in some configurations (vLLM, beta > 0, generation reuse):
+    # the merged batch has one exactly when GRPO's batch has it. Old and reference log-probs
+    # are recomputed over the whole merged batch, since GRPO's rows were re-padded and the
+    # base's own scorer (TRL's layout or Unsloth's packed one) must see one batch.
+    has = {key for key in OPTIONAL_KEYS if output.get(key) is not None}
+    before = output["prompt_ids"].size(0)
+    current = None
+    if has & {"old_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio"}:
+        current = logps(merged)
+    if "old_per_token_logps" in has:
+        merged["old_per_token_logps"] = current
+    if "sampling_per_token_logps" in has:
+        merged["sampling_per_token_logps"] = _sampling_logps(
+            output["sampling_per_token_logps"], merged, rows, current, before, multiple
+        )
+    if "ref_per_token_logps" in has:
+        merged["ref_per_token_logps"] = ref_logps(merged)
+    if "importance_sampling_ratio" in has:  # TRL's layout (Unsloth computes it in its loss)
+        merged["importance_sampling_ratio"] = _importance_ratio(
+            output["importance_sampling_ratio"], merged, current, before, importance_sampling,
+            multiple,
+        )  # fmt: skip
+    if "max_left_pad" in output:  # Unsloth: the widest left padding of the batch, per row
+        left_pad = int((merged["prompt_mask"] == 0).sum(dim=1).max().item())
+        merged["max_left_pad"] = torch.full(
+            (merged["prompt_ids"].size(0), 1), left_pad, dtype=output["max_left_pad"].dtype
+        )
+    merged["num_items_in_batch"] = gather(merged["completion_mask"].sum()).sum()
+    return merged
+
+
+OPTIONAL_KEYS = (
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "importance_sampling_ratio",
+)
+
+
+def _merged_core(output: dict, rows: NewRows, pad_id: int, multiple: int | None) -> dict:
+    """GRPO's ids, masks and advantages with `rows` appended (re-padded), and the inert flags."""
+    device = output["prompt_ids"].device
     new = pad_rows(rows, pad_id, device, multiple)
     new["advantages"] = torch.tensor(
         rows.advantages, device=device, dtype=output["advantages"].dtype
     )
-
     merged = {
         "prompt_ids": cat_padded(output["prompt_ids"], new["prompt_ids"], pad_id, "left", multiple),
         "prompt_mask": cat_padded(output["prompt_mask"], new["prompt_mask"], 0, "left", multiple),
@@ -162,93 +204,36 @@ def merge_rows(
     inert = torch.zeros(merged["prompt_ids"].size(0), dtype=torch.bool, device=device)
     inert[before:] = ~torch.tensor(rows.valid, dtype=torch.bool, device=device)
     merged[INERT_KEY] = inert
-
-    # Optional tensors exist only in some configurations (vLLM, beta > 0, generation reuse):
-    # the merged batch has one exactly when GRPO's batch has it. Old and reference log-probs
-    # are recomputed over the whole merged batch, since GRPO's rows were re-padded and the
-    # base's own scorer (TRL's layout or Unsloth's packed one) must see one batch.
-    has = {
-        k
-        for k in (
-            "old_per_token_logps",
-            "ref_per_token_logps",
-            "sampling_per_token_logps",
-            "importance_sampling_ratio",
-        )
-        if output.get(k) is not None
-    }
-    current = None
-    if has & {"old_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio"}:
-        current = logps(merged)
-    if "old_per_token_logps" in has:
-        merged["old_per_token_logps"] = current
-    if "sampling_per_token_logps" in has:
-        width = merged["completion_ids"].size(1)
-        ours = completion_layout(current, merged["prompt_mask"], width)[before:].clone()
-        # Rows the generator reported log-probs for (vLLM) keep them: the importance ratio
-        # then corrects for the sampler as it does for first attempts. Internalization rows
-        # (original prompt -> y2) were not sampled from that prompt: current log-probs,
-        # ratio 1, which keeps their loss the gradient of cross-entropy.
-        for j, reported in enumerate(rows.sampling_logps):
-            if reported is not None:  # vLLM reports an unavailable log-prob as None: NaN, as TRL
-                values = [float("nan") if x is None else x for x in reported]
-                values = torch.tensor(values, dtype=ours.dtype, device=device)[:width]
-                ours[j, : values.numel()] = values
-        sampling = output["sampling_per_token_logps"]
-        merged["sampling_per_token_logps"] = cat_padded(
-            sampling, ours.to(sampling.dtype), 0.0, "right", multiple
-        )
-    if "ref_per_token_logps" in has:
-        merged["ref_per_token_logps"] = ref_logps(merged)
-    if "importance_sampling_ratio" in has:  # TRL's layout (Unsloth computes it in its loss)
-        ratio = output["importance_sampling_ratio"]  # (B, T) per token or (B, 1) per sequence
-        sampling = merged.get("sampling_per_token_logps")
-        old = completion_layout(current, merged["prompt_mask"], merged["completion_ids"].size(1))
-        ours = importance_sampling_ratio(
-            old[before:],
-            (sampling if sampling is not None else old)[before:],
-            merged["completion_mask"][before:],
-            *importance_sampling,
-        )
-        merged["importance_sampling_ratio"] = cat_padded(
-            ratio, ours.to(ratio.dtype), 1.0, "right", multiple
-        )
-    if "max_left_pad" in output:  # Unsloth: the widest left padding of the batch, per row
-        left_pad = int((merged["prompt_mask"] == 0).sum(dim=1).max().item())
-        merged["max_left_pad"] = torch.full(
-            (merged["prompt_ids"].size(0), 1), left_pad, dtype=output["max_left_pad"].dtype
-        )
-    merged["num_items_in_batch"] = gather(merged["completion_mask"].sum()).sum()
     return merged
 
 
-def normalise_parts(merged: dict, first_rows: int, rows: NewRows, gather) -> dict[str, int]:
-    """Scale the advantages of a merged batch so that its token-normalised loss (DAPO,
-    CISPO: sum over tokens / `num_items_in_batch`) becomes the sum of one such loss per part,
-    each over the part's own tokens: first attempts weigh exactly as in GRPO's own batch,
-    retries as a batch of their own, internalization as coef x mean token cross-entropy.
+def _sampling_logps(sampling, merged, rows: NewRows, current, before: int, multiple):
+    """GRPO's sampling log-probs with those of the new rows appended.
 
-    Those losses are linear in the advantage (DAPO's clipping commutes with a positive
-    factor), so multiplying a part's advantages by (merged tokens / part tokens) is exact.
-    Tokens are counted as `num_items_in_batch` counts them (completion_mask, every process:
-    `gather` is the accelerator's). `first_rows` leading rows are GRPO's; `rows` are the
-    rows `merge_rows` appended, in order. Returns the global token count of each part."""
-    mask = merged["completion_mask"]
-    labels = [PART_FIRST] * first_rows + list(rows.parts)
-    if len(labels) != mask.size(0):
-        raise ValueError(f"{len(labels)} part labels for a batch of {mask.size(0)} rows")
-    index = {
-        part: torch.tensor([i for i, x in enumerate(labels) if x == part], dtype=torch.long)
-        for part in PARTS
-    }
-    local = torch.stack([mask[index[part].to(mask.device)].sum() for part in PARTS])
-    counts = gather(local.unsqueeze(0)).reshape(-1, len(PARTS)).sum(dim=0)
-    total = merged["num_items_in_batch"]
-    advantages = merged["advantages"].clone()
-    for part, count in zip(PARTS, counts):
-        if count > 0 and len(index[part]):
-            rows_of_part = index[part].to(advantages.device)
-            scale = (total.to(advantages.dtype) / count.to(advantages.dtype)).to(advantages.device)
-            advantages[rows_of_part] = advantages[rows_of_part] * scale
-    merged["advantages"] = advantages
-    return {part: int(count.item()) for part, count in zip(PARTS, counts)}
+    Rows the generator reported log-probs for (vLLM) keep them: the importance ratio then
+    corrects for the sampler as it does for first attempts. Internalization rows (original
+    prompt -> y2) were not sampled from that prompt: current log-probs, ratio 1, which keeps
+    their loss the gradient of cross-entropy."""
+    width = merged["completion_ids"].size(1)
+    device = merged["completion_ids"].device
+    ours = completion_layout(current, merged["prompt_mask"], width)[before:].clone()
+    for j, reported in enumerate(rows.sampling_logps):
+        if reported is not None:  # vLLM reports an unavailable log-prob as None: NaN, as TRL
+            values = [float("nan") if x is None else x for x in reported]
+            values = torch.tensor(values, dtype=ours.dtype, device=device)[:width]
+            ours[j, : values.numel()] = values
+    return cat_padded(sampling, ours.to(sampling.dtype), 0.0, "right", multiple)
+
+
+def _importance_ratio(ratio, merged, current, before: int, importance_sampling, multiple):
+    """GRPO's vLLM importance ratio ((B, T) per token or (B, 1) per sequence) with the new
+    rows' appended, by TRL's formula."""
+    sampling = merged.get("sampling_per_token_logps")
+    old = completion_layout(current, merged["prompt_mask"], merged["completion_ids"].size(1))
+    ours = importance_sampling_ratio(
+        old[before:],
+        (sampling if sampling is not None else old)[before:],
+        merged["completion_mask"][before:],
+        *importance_sampling,
+    )
+    return cat_padded(ratio, ours.to(ratio.dtype), 1.0, "right", multiple)

@@ -1,18 +1,15 @@
-"""ERLTrainer's loss on a merged chunk, and every hand copy of upstream code ERL relies on.
+"""ERLTrainer's loss on a merged chunk.
 
 `merged_chunk_loss` is `ERLTrainer.compute_loss` for a chunk that holds ERL's rows: the
 base trainer's own loss, leaving out inert rows, in micro-batches of at most the tokens the
 memory budget allows (`pipeline.erl.budget`), each followed by its backward, every term
 counted once for the chunk (`pipeline.erl.micro_batches`).
 
-The second half holds the copies of upstream behaviour, each under a header naming the
-library version it follows. On an upgrade of TRL or transformers, compare them with the
-new release (tests/test_trl_guard.py pins the versions and the signatures ERL uses).
+The hand copies of upstream code it relies on live in `pipeline.erl.upstream`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -33,6 +30,12 @@ from pipeline.erl.micro_batches import (
     plan_micro_batches,
     rows_per_micro_batch,
     select_rows,
+)
+from pipeline.erl.upstream import (
+    adaptive_entropy_step,
+    entropy_quantile,
+    high_entropy_mask,
+    returned_loss_scale,
 )
 from pipeline.models.backend import unsloth_trainer_active
 
@@ -65,13 +68,7 @@ def merged_chunk_loss(
         inputs = select_rows(inputs, ~inert)  # an all-inert chunk has a zero loss as it is
     pad_id = trainer._tokenizer.pad_token_id
     unsloth = unsloth_trainer_active()  # Unsloth's trainer packs a forward's rows
-    tokens = budget.loss_tokens()
-    if accelerator.num_processes == 1:
-        plan = plan_micro_batches(inputs, pad_id, tokens, packed=unsloth)
-    else:  # the loss's metric gathers need equal micro-batches on every process
-        size = rows_per_micro_batch(inputs, pad_id, tokens, packed=unsloth)
-        size = accelerator.gather(torch.tensor([size], device=inert.device)).min()
-        plan = plan_equal_micro_batches(inputs, pad_id, int(size))
+    plan = _plan(accelerator, inputs, pad_id, budget.loss_tokens(), unsloth, inert.device)
     if len(plan) == 1:  # one forward: the base's loss as it is
         with (
             budget.chunk(accelerator.gather),
@@ -108,17 +105,29 @@ def merged_chunk_loss(
             before = {key: len(values) for key, values in metrics.items()}
             with _entropy_threshold(trainer, threshold):
                 loss, done = _train_parts(
-                    trainer,
-                    base_loss,
-                    model,
-                    parts,
-                    weights,
-                    budget,
-                    return_outputs,
+                    trainer, base_loss, model, parts, weights, budget, return_outputs,
                     num_items_in_batch,
-                )
+                )  # fmt: skip
     finally:
         accelerator.sync_gradients = sync
+    _chunk_metrics(trainer, metrics, before, weights, counts, sync and mode == "train")
+    return loss + done
+
+
+def _plan(accelerator, inputs, pad_id: int, tokens: int, packed: bool, device):
+    """The chunk's micro-batches (row indices) within `tokens` a forward."""
+    if accelerator.num_processes == 1:
+        return plan_micro_batches(inputs, pad_id, tokens, packed=packed)
+    # The loss's metric gathers need equal micro-batches on every process.
+    size = rows_per_micro_batch(inputs, pad_id, tokens, packed=packed)
+    size = accelerator.gather(torch.tensor([size], device=device)).min()
+    return plan_equal_micro_batches(inputs, pad_id, int(size))
+
+
+def _chunk_metrics(trainer, metrics, before, weights, counts, boundary: bool) -> None:
+    """One logged value per chunk for each metric its micro-batches logged; at the optimizer
+    step's `boundary` (training), the adaptive entropy step TRL takes there."""
+    unsloth = unsloth_trainer_active()
     collapse_metrics(
         metrics,
         before,
@@ -129,11 +138,10 @@ def merged_chunk_loss(
         sequence_level=trainer.importance_sampling_level == "sequence",
     )
     # Unsloth's loss has no adaptive control and logs no entropy_coef.
-    if sync and mode == "train" and not unsloth and trainer._entropy_bonus_enabled:
+    if boundary and not unsloth and trainer._entropy_bonus_enabled:
         if trainer.use_adaptive_entropy:
             adaptive_entropy_step(trainer)
         metrics["entropy_coef"].append(trainer.entropy_coef)  # TRL logs it at the boundary
-    return loss + done
 
 
 def _train_parts(
@@ -241,87 +249,3 @@ def chunk_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor) -> torch.Ten
         state.append(entropies[mask.bool()].detach().float())
         return mask.bool()
     return high_entropy_mask(entropies, mask, state)
-
-
-# Copies of upstream behaviour ----------------------------------------------------------
-
-# TRL 1.15.0, GRPOTrainer._compute_loss (its entropy-bonus block): the adaptive entropy
-# controller's step at the optimizer-step boundary.
-
-
-def adaptive_entropy_step(trainer) -> None:
-    """TRL 1.15's adaptive entropy controller step, once per optimizer step, on the entropy
-    of the whole accumulation window: every micro-batch added its sums to the window, since
-    none ran at the boundary."""
-    if trainer._entropy_window_stats is None:
-        return
-    window = trainer.accelerator.reduce(trainer._entropy_window_stats, reduction="sum")
-    world_entropy = (window[0] / window[1].clamp(min=1.0)).item()
-    args = trainer.args
-    if world_entropy <= args.entropy_target:
-        trainer.entropy_coef = min(
-            trainer.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max
-        )
-    else:
-        trainer.entropy_coef = max(
-            trainer.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min
-        )
-    trainer._last_world_entropy = world_entropy
-    trainer._entropy_window_stats = None
-
-
-# TRL 1.15.0, GRPOTrainer.get_high_entropy_mask: the population of loss tokens over
-# processes (a -1e9 sentinel pads each process's to one length), its quantile, and the mask.
-
-
-def entropy_quantile(accelerator, local: torch.Tensor, quantile: float) -> float:
-    """The `quantile` of every process's `local` entropies (inf when there are none)."""
-    padded = accelerator.pad_across_processes(local.float(), dim=0, pad_index=-1e9)
-    gathered = accelerator.gather(padded)
-    gathered = gathered[gathered != -1e9]
-    if gathered.numel() == 0:
-        return math.inf
-    return torch.quantile(gathered, quantile).item()
-
-
-def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, threshold: float):
-    """The loss tokens whose entropy reaches `threshold` (TRL's mask, given the threshold)."""
-    return ((entropies * mask.float()) >= threshold) & mask.bool()
-
-
-# TRL 1.15.0, GRPOTrainer._generate_and_score_completions: the vLLM importance-sampling
-# correction, which ERL computes for the rows it adds.
-
-
-def importance_sampling_ratio(
-    old: torch.Tensor,
-    sampling: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    clip_min: float | None,
-    clip_max: float | None,
-) -> torch.Tensor:
-    """TRL 1.15's vLLM importance-sampling ratio of rows ERL adds: (B, C) for token modes,
-    (B, 1) for sequence modes."""
-    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
-    if mode in ("sequence_mask", "sequence_truncate"):
-        diff = diff.sum(dim=-1, keepdim=True)
-    ratio = torch.exp(diff)
-    if mode in ("sequence_truncate", "token_truncate"):
-        return torch.clamp(ratio, min=clip_min, max=clip_max)
-    low = clip_min if clip_min is not None else -math.inf
-    high = clip_max if clip_max is not None else math.inf
-    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
-
-
-# transformers 5.17.0, Trainer.training_step (and Unsloth's rewrite of it): the factor it
-# applies to compute_loss's value before its backward.
-
-
-def returned_loss_scale(trainer, num_items_in_batch) -> float:
-    """The factor Trainer.training_step applies to the returned loss before its backward."""
-    if (
-        not trainer.model_accepts_loss_kwargs or num_items_in_batch is None
-    ) and trainer.compute_loss_func is None:
-        return 1.0 / trainer.current_gradient_accumulation_steps
-    return 1.0

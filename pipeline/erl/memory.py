@@ -6,6 +6,9 @@ What enters: a reflection whose retry reached the threshold (the ERL step decide
 the answer format, a copy of the prompt, a term repeated; `lessons_only`). A reflection
 that restates a stored lesson confirms it instead of entering twice.
 
+What is shown (`shown`): the memory owns its scope and top-k (built from an `ERLConfig` by
+`from_config`); the ERL step asks it and passes no copy of its own.
+
 What stays (`confirmations`): every entry counts the retries that read it (its reflection
 prompt showed it, or the retry read it directly) and how many of them succeeded, the retry
 that admitted it counted as its first. Its standing is the Beta posterior mean of that
@@ -29,8 +32,8 @@ from pathlib import Path
 from curriculum.atomic import atomic_write_json
 
 MEMORY_FILE = "erl_memory.json"
-# What `retrieve` (and ERLConfig.memory_scope) take: this prompt's own reflections, the most
-# similar prompts', or the ERL paper's rulebook (the strongest lessons, for every prompt).
+# A memory's scope (ERLConfig.memory_scope): this prompt's own reflections, the most similar
+# prompts', or the ERL paper's rulebook (the strongest lessons, for every prompt).
 MEMORY_SCOPES = ("similar", "same_prompt", "global")
 # Why `add` refuses a reflection (`lesson_problem`), and what else it can answer.
 REJECTIONS = ("empty", "answer_format", "prompt_copy", "repetitive")
@@ -44,10 +47,6 @@ _TAG = re.compile(r"</?\w+>")
 # them: 'a#b = = = = = =', 'a~b a$b a#b a%b'.
 _REPEAT_MIN_CHUNKS = 4
 _REPEAT_SHARE = 0.6
-# A lesson is confirmed (a retry may read it without a new reflection: ERLConfig.reuse_lessons)
-# once its record holds this many successful retries, the admitting one included, and at
-# least as many successes as failures.
-CONFIRMED_SUCCESSES = 3
 
 
 def _normalised(text: str) -> str:
@@ -107,18 +106,20 @@ def _check_scope(scope: str) -> str:
 
 
 class ReflectionMemory:
-    """Up to `max_size` lessons; retrieval by `scope`; the weakest goes when full.
+    """Up to `max_size` lessons; what a reflection prompt is shown (`shown`) by `scope` and
+    `top_k`; the weakest goes when full. Its defaults are `ERLConfig`'s.
 
-    `scope` (ERLConfig.memory_scope) is what `retrieve` uses unless told otherwise, and
-    what a restated lesson must share to confirm an entry: its prompt, but for the global
-    rulebook, where the same rule from any prompt is one entry. `lessons_only`
-    (ERLConfig.memory_lessons_only) refuses what `lesson_problem` names; `confirmations`
-    (ERLConfig.memory_confirmations) ranks and evicts entries by their record (above).
+    `scope` (ERLConfig.memory_scope) is also what a restated lesson must share to confirm an
+    entry: its prompt, but for the global rulebook, where the same rule from any prompt is
+    one entry. `lessons_only` refuses what `lesson_problem` names; `confirmations` ranks and
+    evicts entries by their record (above). Both are off by default: they are the learning
+    bench's arms (`bench/learning_arms.py`, `erl_lessons`), reached through
+    `ERLTrainer(memory=...)`.
 
-    >>> memory = ReflectionMemory(max_size=2)
+    >>> memory = ReflectionMemory(max_size=2, scope="similar", top_k=1)
     >>> memory.add("3+4", "Add the digits.", step=1)
     'stored'
-    >>> memory.retrieve("3+5", k=1)
+    >>> [entry.reflection for entry in memory.shown("3+5")]
     ['Add the digits.']
     """
 
@@ -126,15 +127,19 @@ class ReflectionMemory:
         self,
         max_size: int,
         *,
-        scope: str = "similar",
-        lessons_only: bool = True,
-        confirmations: bool = True,
+        scope: str = "same_prompt",
+        top_k: int = 3,
+        lessons_only: bool = False,
+        confirmations: bool = False,
     ) -> None:
         if max_size < 0:
             raise ValueError(f"max_size must be >= 0, got {max_size}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {top_k}")
         _check_scope(scope)
         self.max_size = max_size
         self.scope = scope
+        self.top_k = top_k
         self.lessons_only = lessons_only
         self.confirmations = confirmations
         self._entries: list[MemoryEntry] = []
@@ -142,14 +147,28 @@ class ReflectionMemory:
         self.outcomes: Counter[str] = Counter()  # add()'s answers since the last pop_outcomes
 
     @classmethod
-    def for_settings(cls, settings) -> ReflectionMemory:
-        """The memory an `ERLConfig` asks for (size 0 when its memory is off)."""
+    def from_config(cls, config, **options) -> ReflectionMemory:
+        """The memory an `ERLConfig` asks for (size 0 when its memory is off); `options`:
+        what the config does not hold (`lessons_only`, `confirmations`)."""
         return cls(
-            settings.memory_size if settings.enable_memory else 0,
-            scope=settings.memory_scope,
-            lessons_only=settings.memory_lessons_only,
-            confirmations=settings.memory_confirmations,
+            config.memory_size if config.enable_memory else 0,
+            scope=config.memory_scope,
+            top_k=config.memory_top_k,
+            **options,
         )
+
+    def disagreement(self, config) -> str | None:
+        """Which of `config`'s memory options (size, scope, top-k) this memory does not
+        share, as `name (config's value, memory's value)`; None when it shares them all."""
+        size = config.memory_size if config.enable_memory else 0
+        for name, ours, theirs in (
+            ("memory_size", self.max_size, size),
+            ("memory_scope", self.scope, config.memory_scope),
+            ("memory_top_k", self.top_k, config.memory_top_k),
+        ):
+            if ours != theirs:
+                return f"{name} ({theirs!r} in the config, {ours!r} in the memory)"
+        return None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -213,29 +232,26 @@ class ReflectionMemory:
         """Stronger first when sorted in reverse: standing (with confirmations), then recency."""
         return (entry.standing if self.confirmations else 0.0, entry.order)
 
-    def lookup(
-        self, prompt: str, k: int, scope: str | None = None, rng: random.Random | None = None
-    ) -> list[MemoryEntry]:
-        """The `k` entries `scope` (default: the memory's) picks for `prompt`, most relevant
-        first.
+    def shown(self, prompt: str, rng: random.Random | None = None) -> list[MemoryEntry]:
+        """The entries a reflection prompt for `prompt` is shown: the `top_k` its scope picks,
+        most relevant first.
 
         "similar": by Jaccard word overlap of the prompts, then standing and recency.
         "same_prompt": only entries written for this exact prompt, strongest (then newest)
         first: a lesson for another problem can mislead (docs/log.md). "global": the ERL
-        paper's rulebook, one entry whatever the prompt (`k` only says whether to show it):
-        with confirmations and an `rng`, the entry with the highest Beta draw; else the
+        paper's rulebook, one entry whatever the prompt (`top_k` only says whether to show
+        it): with confirmations and an `rng`, the entry with the highest Beta draw; else the
         strongest, the newest among equals.
         """
-        scope = _check_scope(scope or self.scope)
-        if k <= 0 or not self._entries:
+        if self.top_k <= 0 or not self._entries:
             return []
-        if scope == "global":
+        if self.scope == "global":
             if self.confirmations and rng is not None:
                 return [max(self._entries, key=lambda e: (e.draw(rng), e.order))]
             return [max(self._entries, key=self._rank)]
-        if scope == "same_prompt":
+        if self.scope == "same_prompt":
             own = [entry for entry in self._entries if entry.prompt == prompt]
-            return sorted(own, key=self._rank, reverse=True)[:k]
+            return sorted(own, key=self._rank, reverse=True)[: self.top_k]
         query = _words(prompt)
 
         def relevance(entry: MemoryEntry) -> tuple[float, float, int]:
@@ -243,48 +259,27 @@ class ReflectionMemory:
             union = len(query | words)
             return (len(query & words) / union if union else 0.0, *self._rank(entry))
 
-        return sorted(self._entries, key=relevance, reverse=True)[:k]
-
-    def confirmed(self, prompt: str) -> MemoryEntry | None:
-        """The strongest entry the memory's scope shows `prompt` (under "similar", one whose
-        prompt shares a word with it), if its record confirms it (CONFIRMED_SUCCESSES, and no
-        more failures than successes); else None."""
-        if not self.confirmations:
-            return None
-        top = self.lookup(prompt, 1)
-        if not top:
-            return None
-        entry = top[0]
-        if self.scope == "similar" and not _words(entry.prompt) & _words(prompt):
-            return None  # "similar" ranks every entry; one sharing no word is no lesson here
-        failures = entry.reads - entry.successes
-        return (
-            entry
-            if entry.successes >= CONFIRMED_SUCCESSES and failures <= entry.successes
-            else None
-        )
+        return sorted(self._entries, key=relevance, reverse=True)[: self.top_k]
 
     def rulebook(self) -> list[MemoryEntry]:
         """Every entry, strongest first: what the global rulebook stands on."""
         return sorted(self._entries, key=self._rank, reverse=True)
 
-    def retrieve(
-        self, prompt: str, k: int, scope: str | None = None, rng: random.Random | None = None
-    ) -> list[str]:
-        """The lessons of `lookup(prompt, k, scope, rng)`.
+    def retrieve(self, prompt: str, rng: random.Random | None = None) -> list[str]:
+        """The lessons of `shown(prompt, rng)`.
 
-        >>> memory = ReflectionMemory(max_size=3)
+        >>> memory = ReflectionMemory(max_size=3, scope="global", confirmations=True)
         >>> memory.add("3#4", "a#b = a+b+2", step=1)
         'stored'
         >>> memory.add("5#1", "a#b = a+b+3", step=2)
         'stored'
-        >>> memory.retrieve("8#8", k=1, scope="global")  # nothing read back yet: the newest
+        >>> memory.retrieve("8#8")  # nothing read back yet: the newest
         ['a#b = a+b+3']
         >>> memory.record([1], success=False)  # a retry that read it failed
-        >>> memory.retrieve("8#8", k=1, scope="global")
+        >>> memory.retrieve("8#8")
         ['a#b = a+b+2']
         """
-        return [entry.reflection for entry in self.lookup(prompt, k, scope, rng)]
+        return [entry.reflection for entry in self.shown(prompt, rng)]
 
     # Persistence -------------------------------------------------------------------
 

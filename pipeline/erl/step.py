@@ -3,10 +3,11 @@
 `ERLStep` takes the first attempts a base trainer generated and scored (`FirstAttempts`)
 and returns the rows ERL adds to its batch (`NewRows`), with the step's metrics:
 
-1. gate: rows whose reward r1 is below `reward_threshold` go on (NaN never does);
+1. gate: rows whose reward r1 is below `reward_threshold` go on (NaN never does), those of
+   them a `select_reflecting` hook keeps (default: all);
 2. feedback: one string per gated first attempt (`feedback_func`, or a stock line);
 3. reflect: one generation per gated row from the reflection template, which shows the
-   stored reflections `memory_scope` retrieves from the `ReflectionMemory`;
+   stored reflections the `ReflectionMemory` picks for it (its scope and top-k);
 4. retry: one generation from the retry template; r2 is scored against the original row;
 5. credit: the retry advantage of each reflection and retry row (`retry_advantages`, a
    hook: `ERLTrainer(retry_advantages=...)`), over every process's retries;
@@ -40,22 +41,12 @@ from pipeline.erl.prompts import (
 )
 from rewards import completion_text
 
-RETRY_ADVANTAGES = ("group", "improvement")
-REFLECTION_ADVANTAGES = ("retry", "siblings")
 NO_FEEDBACK = "No feedback available; the reward was below the target."
 
 # Gate and success tests allow this much float rounding below the threshold: a weighted sum
 # of rewards with weights that add up to 1 can land a few ulps under 1.0 for a perfect
 # completion (e.g. weights [0.2, 0.218, 0.309, 0.145, 0.127] in float32).
 THRESHOLD_TOLERANCE = 1e-5
-
-# The parts of a merged batch (`NewRows.parts` labels ERL's rows; GRPO's rows are "first").
-# With ERLConfig.loss_normalization="per_part" each part is normalised over its own tokens.
-PART_FIRST = "first"  # first attempts y1 (GRPO's own rows)
-PART_RETRY = "retry"  # reflections and retries y2: the second attempt, advantage from r2
-PART_INTERNALIZATION = "internalization"  # original prompt -> successful y2
-PART_FILLER = "filler"  # inert rows
-PARTS = (PART_FIRST, PART_RETRY, PART_INTERNALIZATION)
 
 
 def reaches_threshold(reward: float, threshold: float) -> bool:
@@ -100,13 +91,10 @@ class NewRows:
     trainable: list[bool]  # False: kept but masked, as GRPO masks truncated completions
     # Per-token log-probs the generator reported for each row (vLLM), else None.
     sampling_logps: list[list[float] | None] = field(default_factory=list)
-    parts: list[str] = field(default_factory=list)  # one of PARTS (or PART_FILLER) per row
 
     def __post_init__(self) -> None:
         if not self.sampling_logps:
             self.sampling_logps = [None] * len(self.valid)
-        if not self.parts:
-            self.parts = [PART_RETRY] * len(self.valid)
 
     def extend(self, other: NewRows) -> None:
         """Append `other`'s rows."""
@@ -116,7 +104,6 @@ class NewRows:
         self.valid += other.valid
         self.trainable += other.trainable
         self.sampling_logps += other.sampling_logps
-        self.parts += other.parts
 
     def add_filler(self, count: int) -> None:
         """Append `count` inert rows (they only round the row count up)."""
@@ -127,7 +114,6 @@ class NewRows:
                 [0.0] * count,
                 [False] * count,
                 [False] * count,
-                parts=[PART_FILLER] * count,
             )
         )
 
@@ -202,31 +188,24 @@ class StepBackend(Protocol):
 
 
 class StepSettings(Protocol):
-    """The `ERLConfig` options the step reads."""
+    """The `ERLConfig` options the step reads (the memory's are the memory's own)."""
 
     reward_threshold: float
-    enable_reflection: bool
-    enable_memory: bool
     enable_internalization: bool
     internalization_coef: float
-    train_retries: bool
-    retry_advantage: str
     scale_rewards: str
     reflection_system_prompt: str
     retry_system_prompt: str
     reflection_max_completion_length: int | None
     max_completion_length: int
-    memory_top_k: int
-    memory_scope: str
-    memory_min_gain: float
-    reflections_per_attempt: int
-    reflection_advantage: str
-    reflect_per_group: int
-    reuse_lessons: bool
 
 
-RetryAdvantages = Callable[..., list[float]]
-"""`(groups, r1, r2, valid, scale, mode) -> advantages`, the signature of `retry_advantages`."""
+RetryAdvantages = Callable[[list[str], torch.Tensor, torch.Tensor, list[bool], bool], list[float]]
+"""`(groups, r1, r2, valid, scale) -> advantages`, the signature of `retry_advantages`."""
+
+SelectReflecting = Callable[[list[str]], list[bool]]
+"""`(groups) -> keep`: given the group key of every gated first attempt (every process's, in
+process order), which of them reflect and retry; the others train as GRPO's rows only."""
 
 
 def retry_advantages(
@@ -235,14 +214,11 @@ def retry_advantages(
     r2: torch.Tensor,
     valid: list[bool],
     scale: bool,
-    mode: str = "group",
 ) -> list[float]:
     """Advantage of each retry (of every process: ERLStep gathers them first). `groups`
-    names each retry's prompt; rows not `valid` (filler, unscorable r2) get 0.
-
-    `mode="group"`: r2 normalised within the retries of the same prompt (divided by their
-    std when `scale`), a retry alone in its group r2 - r1. `mode="improvement"`: r2 - r1 for
-    every retry (a group whose retries all succeed would otherwise get 0 everywhere).
+    names each retry's prompt; rows not `valid` (filler, unscorable r2) get 0: r2 normalised
+    within the retries of the same prompt (divided by their std when `scale`), a retry alone
+    in its group r2 - r1.
 
     >>> retry_advantages(["a", "a", "b"], torch.zeros(3), torch.tensor([1.0, 0.0, 0.5]),
     ...                  [True, True, True], scale=False)
@@ -255,7 +231,7 @@ def retry_advantages(
     advantages = [0.0] * len(groups)
     r1, r2 = torch.nan_to_num(r1), torch.nan_to_num(r2)
     for rows in members.values():
-        if len(rows) == 1 or mode == "improvement":
+        if len(rows) == 1:
             for j in rows:
                 advantages[j] = (r2[j] - r1[j]).item()
             continue
@@ -309,18 +285,17 @@ def call_feedback(
 # The step -----------------------------------------------------------------------------
 
 
-@dataclass
-class _Unit:
-    """One retry to make: gated row `row` (an index into the step's padded rows), the
-    lesson it reads (a reflection to write, the raw feedback, or a confirmed lesson), and
-    the memory entries its reflection prompt shows (their records count its retry)."""
+@dataclass(frozen=True)
+class Gated:
+    """The first attempts that reflect and retry, padded to the global count with masked
+    copies (`valid` False): every process scores, generates and credits as many rows."""
 
-    row: int
-    valid: bool
-    reflect: bool  # a reflection is written for it (else `lesson` is given)
-    lesson: str = ""
-    shown: list[MemoryEntry] = field(default_factory=list)
-    reused: int | None = None  # the id of the confirmed lesson it reads directly
+    index: list[int]  # into the first attempts
+    valid: list[bool]
+    rows: list[dict]
+    prompts: list
+    texts: list[str]  # the prompts as text (the memory's keys)
+    r1: torch.Tensor
 
 
 class ERLStep:
@@ -334,329 +309,280 @@ class ERLStep:
         settings: StepSettings,
         memory: ReflectionMemory,
         retry_advantages: RetryAdvantages = retry_advantages,
+        select_reflecting: SelectReflecting | None = None,
     ) -> None:
         self.settings = settings
         self.memory = memory
         self.retry_advantages = retry_advantages
-        # Since this step object was made (a stage, or its resumed part): reflections written,
-        # what the memory did with them (memory.py's outcomes), refusals below memory_min_gain.
+        self.select_reflecting = select_reflecting
+        # Since this step object was made (a stage, or its resumed part): reflections written
+        # and what the memory did with them (memory.py's outcomes).
         self.tally: Counter[str] = Counter()
 
     def __call__(self, backend: StepBackend, first: FirstAttempts, step: int) -> StepResult:
         """The rows ERL adds for `first` (global step `step`, stored with each memory entry)."""
-        processes, s = backend.processes, self.settings
-        r1 = first.rewards
-        gated = [
-            i
-            for i, r in enumerate(r1.tolist())
-            if r == r and not reaches_threshold(r, s.reward_threshold)
-        ]
-        all_r1 = processes.gather(r1)
+        processes = backend.processes
+        all_r1 = processes.gather(first.rewards)
+        gated = self._gate(first.rewards)
         metrics = {
             "erl/r1_mean": torch.nanmean(all_r1).item(),
-            "erl/gated_fraction": _global_count(processes, len(gated), r1) / all_r1.numel(),
+            "erl/gated_fraction": _global_sum(processes, len(gated), all_r1) / all_r1.numel(),
         }
-        keys = [_group_key(p) for p in first.prompts]
-        if s.reflect_per_group:
-            gated = self._first_per_group(processes, [keys[i] for i in gated], gated)
-        counts = processes.gather(torch.tensor([len(gated)], device=r1.device))
+        gated = self._select(processes, first, gated)
+        counts = processes.gather(torch.tensor([len(gated)], device=all_r1.device))
         rows = None
         if counts.max().item() > 0:
-            baseline = _group_means(processes.gather_object(keys), all_r1)
-            rows = self._experience(
-                backend, first, gated, int(counts.max().item()), step, metrics, baseline
-            )
+            rows, experience = self._experience(backend, first, gated, int(counts.max()), step)
+            metrics.update(experience)
         else:
             metrics["erl/internalization_rows"] = 0.0
         metrics["erl/memory_size"] = float(len(self.memory))
         return StepResult(rows, metrics)
 
-    def _first_per_group(self, processes, keys: list[str], gated: list[int]) -> list[int]:
-        """The gated rows among the first `reflect_per_group` gated rows of their prompt's
-        group, counted over every process in process order (a group can span processes)."""
-        every = processes.gather_object([(processes.index, key) for key in keys])
-        seen: dict[str, int] = defaultdict(int)
-        keep = []
-        for index, key in every:
-            seen[key] += 1
-            if index == processes.index:
-                keep.append(seen[key] <= self.settings.reflect_per_group)
-        return [i for i, kept in zip(gated, keep) if kept]
-
-    def _experience(self, backend, first, gated, pad_to, step, metrics, baseline) -> NewRows:
-        """Phases 2-7 for the `gated` rows, padded to `pad_to` rows with masked copies (every
-        process must score as many rows: the reward gather needs it). `baseline`: each
-        prompt group's mean first-attempt reward, over every process."""
-        s, processes = self.settings, backend.processes
-        valid = [True] * len(gated) + [False] * (pad_to - len(gated))
-        idx = gated + [gated[0] if gated else 0] * (pad_to - len(gated))
-        rows = [first.rows[i] for i in idx]
-        prompts = [first.prompts[i] for i in idx]
-        r1 = first.rewards[idx]
-        p_hat = torch.tensor([baseline[_group_key(p)] for p in prompts], device=r1.device)
-        feedback = backend.feedback(
-            rows,
-            prompts,
-            [first.completions[i] for i in idx],
-            [first.completion_ids[i] for i in idx],
-        )
-        texts = [prompt_text(p) for p in prompts]
-
-        # ---- Reflect: `reflections_per_attempt` per row, or a confirmed lesson read
-        # directly, or (the ablation) the raw feedback.
-        units = self._units(processes, texts, valid, feedback, step, r1.device)
-        reflecting = [u for u in units if u.reflect]
-        reflections = None
-        # Every process has as many reflecting units (padded), so none has any or all do;
-        # with reuse_lessons every row may read a confirmed lesson and none reflect.
-        if s.enable_reflection and reflecting:
-            reflection_prompts = [
-                reflection_prompt(
-                    prompts[u.row],
-                    s.reflection_system_prompt,
-                    attempt=completion_text(first.completions[idx[u.row]]),
-                    feedback=feedback[u.row],
-                    reward=r1[u.row].item(),
-                    memory=memory_text([e.reflection for e in u.shown]),
-                )
-                for u in reflecting
-            ]
-            length = s.reflection_max_completion_length or s.max_completion_length
-            reflections = backend.generate(reflection_prompts, length)
-            for unit, text in zip(reflecting, reflections.texts):
-                unit.lesson = text.strip()
-
-        # ---- Retry, scored by the reward functions against the ORIGINAL row (answer and
-        # metadata columns); `attempt` tells them (and their logs) that these are retries.
-        retry_prompts = [
-            retry_prompt(prompts[u.row], s.retry_system_prompt, u.lesson) for u in units
-        ]
-        retries = backend.generate(retry_prompts, s.max_completion_length)
-        r2 = backend.score(
-            [{**rows[u.row], "attempt": 2} for u in units],
-            [prompts[u.row] for u in units],
-            [as_completion(prompts[u.row], text) for u, text in zip(units, retries.texts)],
-            retries.completion_ids,
-        )
+    def _experience(self, backend, first, gated, pad_to, step) -> tuple[NewRows, dict]:
+        """Phases 2-7 for the `gated` rows, padded to `pad_to`: the new rows and their metrics."""
+        chosen = self._pad(first, gated, pad_to)
+        feedback = self._feedback(backend, first, chosen)
+        shown = self._shown_per_row(backend.processes, chosen, step)
+        reflections = self._reflect(backend, first, chosen, feedback, shown)
+        lessons = [text.strip() for text in reflections.texts]
+        retries, r2 = self._retry(backend, chosen, lessons)
         # A retry no reward function could score (all None -> NaN) carries no signal, as in GRPO.
-        scored = [u.valid and r == r for u, r in zip(units, r2.tolist())]
+        scored = [ok and r == r for ok, r in zip(chosen.valid, r2.tolist())]
         success = [
-            ok and reaches_threshold(r, s.reward_threshold) for ok, r in zip(scored, r2.tolist())
+            ok and reaches_threshold(r, self.settings.reward_threshold)
+            for ok, r in zip(scored, r2.tolist())
+        ]
+        advantages = self._credit(backend.processes, chosen, r2, scored)
+        self._remember(backend.processes, chosen, lessons, shown, success, step)
+        rows = self._new_rows(backend, chosen, reflections, retries, advantages, success)
+        internalized = sum(success) if self._internalizing() else 0
+        metrics = self._metrics(backend, chosen, r2, scored, success, internalized, rows)
+        return rows, metrics
+
+    # ---- Gate: r1 below the threshold (NaN never), then the `select_reflecting` hook.
+
+    def _gate(self, r1: torch.Tensor) -> list[int]:
+        threshold = self.settings.reward_threshold
+        return [
+            i for i, r in enumerate(r1.tolist()) if r == r and not reaches_threshold(r, threshold)
         ]
 
-        # ---- Credit: retries as a group per prompt; reflections by `reflection_advantage`.
-        unit_prompts = [prompts[u.row] for u in units]
-        unit_r1, unit_p_hat = r1[[u.row for u in units]], p_hat[[u.row for u in units]]
-        advantages = self._credit(processes, unit_prompts, unit_r1, r2, scored)
-        reflection_advantages = self._reflection_credit(units, r2, scored, unit_p_hat, advantages)
-
-        # ---- Remember: every process applies the same records and offers in the same order.
-        gains = (torch.nan_to_num(r2) - unit_p_hat).tolist()
-        # A successful reflection is offered unless its retry fell short of memory_min_gain.
-        enough = [
-            (u, gain >= s.memory_min_gain - 1e-9)
-            for u, ok, gain in zip(units, success, gains)
-            if ok and u.reflect
-        ]
-        offers = [(texts[u.row], u.lesson) for u, gained in enough if gained]
-        below_gain = sum(not gained for _, gained in enough)
-        records = [
-            ([e.order for e in u.shown] + ([u.reused] if u.reused is not None else []), ok)
-            for u, ok in zip(units, success)
-            if u.valid and (u.shown or u.reused is not None)
-        ]
-        self._remember(processes, records, offers, step)
-
-        # ---- New rows: reflections and retries (untrained ones stay inert, so every process
-        # keeps the same row count), then internalization.
-        trained = [u.valid and s.train_retries for u in units]
-        new_rows = NewRows([], [], [], [], [])
-        if reflections is not None:
-            kept = [i for i, u in enumerate(units) if u.reflect]
-            new_rows.extend(
-                NewRows(
-                    reflections.prompt_ids,
-                    reflections.completion_ids,
-                    [reflection_advantages[i] for i in kept],
-                    [trained[i] for i in kept],
-                    backend.trainable(reflections.completion_ids),
-                    list(reflections.logprobs),
-                    parts=[PART_RETRY] * len(kept),
-                )
+    def _select(self, processes, first: FirstAttempts, gated: list[int]) -> list[int]:
+        """The gated rows the `select_reflecting` hook keeps, asked about every process's
+        gated rows in process order (a prompt's group can span processes)."""
+        if self.select_reflecting is None:
+            return gated
+        keys = [_group_key(first.prompts[i]) for i in gated]
+        every = processes.gather_object([(processes.index, key) for key in keys])
+        keep = self.select_reflecting([key for _, key in every])
+        if len(keep) != len(every):
+            raise ValueError(
+                f"select_reflecting returned {len(keep)} flags for {len(every)} gated rows"
             )
-        new_rows.extend(
-            NewRows(
-                retries.prompt_ids,
-                retries.completion_ids,
-                list(advantages),
-                trained,
-                backend.trainable(retries.completion_ids),
-                list(retries.logprobs),
-                parts=[PART_RETRY] * len(units),
-            )
+        mine = [bool(k) for (index, _), k in zip(every, keep) if index == processes.index]
+        return [i for i, kept in zip(gated, mine) if kept]
+
+    def _pad(self, first: FirstAttempts, gated: list[int], pad_to: int) -> Gated:
+        index = gated + [gated[0] if gated else 0] * (pad_to - len(gated))
+        prompts = [first.prompts[i] for i in index]
+        return Gated(
+            index,
+            [True] * len(gated) + [False] * (pad_to - len(gated)),
+            [first.rows[i] for i in index],
+            prompts,
+            [prompt_text(p) for p in prompts],
+            first.rewards[index],
         )
-        internalize = s.enable_internalization and s.internalization_coef > 0
-        kept = [i for i in range(len(units)) if success[i]] if internalize else []
-        if kept:
-            kept_ids = [retries.completion_ids[i] for i in kept]
-            # Not sampled from the original prompt: no sampling log-probs (ratio 1, exact CE).
-            new_rows.extend(
-                NewRows(
-                    backend.tokenize([unit_prompts[i] for i in kept]),
-                    kept_ids,
-                    [s.internalization_coef] * len(kept),
-                    [True] * len(kept),
-                    backend.trainable(kept_ids),
-                    parts=[PART_INTERNALIZATION] * len(kept),
-                )
-            )
-        metrics.update(self._metrics(backend, r2, scored, success, len(kept), new_rows))
-        counts = torch.tensor(
-            [
-                float(sum(u.valid and u.reflect for u in units)),
-                float(sum(u.valid and u.reused is not None for u in units)),
-                float(below_gain),
-            ],
-            device=r2.device,
+
+    # ---- Feedback: one string per gated first attempt.
+
+    def _feedback(self, backend, first: FirstAttempts, chosen: Gated) -> list[str]:
+        return backend.feedback(
+            chosen.rows,
+            chosen.prompts,
+            [first.completions[i] for i in chosen.index],
+            [first.completion_ids[i] for i in chosen.index],
         )
-        written, reused, below = processes.sum(counts).tolist()
-        metrics["erl/reflections"] = written
-        self.tally["reflections"] += int(written)
-        if s.reuse_lessons:
-            metrics["erl/lessons_reused"] = reused
-            self.tally["reused"] += int(reused)
-        if s.enable_reflection and s.enable_memory:
-            metrics["erl/memory_below_gain"] = below
-            self.tally["below_gain"] += int(below)
-            for outcome, count in self.memory.pop_outcomes().items():
-                metrics[f"erl/memory_{outcome}"] = float(count)
-                self.tally[outcome] += count
-        return new_rows
 
-    def _units(self, processes, texts, valid, feedback, step, device) -> list[_Unit]:
-        """The retries to make for the rows, and what each reads. Every process makes as
-        many (masked copies fill up), and generates as many reflections."""
-        s = self.settings
-        units: list[_Unit] = []
-        for row, (text, ok) in enumerate(zip(texts, valid)):
-            if not s.enable_reflection:  # the ablation: the retry reads the raw feedback
-                units.append(_Unit(row, ok, reflect=False, lesson=feedback[row].strip()))
-                continue
-            lesson = self.memory.confirmed(text) if s.reuse_lessons and s.enable_memory else None
-            if lesson is not None:
-                units.append(_Unit(row, ok, False, lesson.reflection, reused=lesson.order))
-                continue
-            for _ in range(s.reflections_per_attempt):
-                units.append(_Unit(row, ok, reflect=True))
-        # Equal counts everywhere: of retries (the reward gather) and of reflections (the
-        # generate calls); the fillers copy a unit of the same kind and train nothing.
-        reflect = [u for u in units if u.reflect]
-        given = [u for u in units if not u.reflect]
-        local = torch.tensor([len(reflect), len(given)], device=device)
-        want = processes.gather(local).reshape(-1, 2).amax(dim=0)
-        for kind, count in ((reflect, int(want[0])), (given, int(want[1]))):
-            template = kind[0] if kind else _Unit(0, False, kind is reflect, feedback[0].strip())
-            for _ in range(count - len(kind)):
-                kind.append(_Unit(template.row, False, template.reflect, template.lesson))
-        units = reflect + given
-        for number, unit in enumerate(units):
-            if unit.reflect:
-                rng = random.Random(f"{step}:{processes.index}:{number}")
-                unit.shown = self._shown(texts[unit.row], rng)
-        return units
+    # ---- Reflect: one reflection per row, its prompt showing what the memory picks.
 
-    def _shown(self, text: str, rng: random.Random | None) -> list[MemoryEntry]:
-        """The entries a reflection prompt for `text` shows: those `memory_scope` picks (the
-        rulebook's draw with `rng`; its strongest entry without); none with the memory off."""
+    def _shown_per_row(self, processes, chosen: Gated, step: int) -> list[list[MemoryEntry]]:
+        """The memory entries each row's reflection prompt shows (the global rulebook draws
+        with a generator seeded by step, process and row, the same on a resume)."""
+        return [
+            self.memory.shown(text, random.Random(f"{step}:{processes.index}:{number}"))
+            for number, text in enumerate(chosen.texts)
+        ]
+
+    def _reflect(self, backend, first, chosen: Gated, feedback, shown) -> Generated:
         s = self.settings
-        if not s.enable_memory:
-            return []
-        return self.memory.lookup(text, s.memory_top_k, s.memory_scope, rng)
+        prompts = [
+            reflection_prompt(
+                prompt,
+                s.reflection_system_prompt,
+                attempt=completion_text(first.completions[i]),
+                feedback=text,
+                reward=r1,
+                memory=memory_text([e.reflection for e in entries]),
+            )
+            for prompt, i, text, r1, entries in zip(
+                chosen.prompts, chosen.index, feedback, chosen.r1.tolist(), shown
+            )
+        ]
+        return backend.generate(
+            prompts, s.reflection_max_completion_length or s.max_completion_length
+        )
 
     def memory_for(self, text: str, rng: random.Random | None = None) -> str:
-        """The `{memory}` of a reflection prompt for `text` (what `_shown` picks)."""
-        return memory_text([e.reflection for e in self._shown(text, rng)])
+        """The `{memory}` of a reflection prompt for `text` (what the memory shows it)."""
+        return memory_text([e.reflection for e in self.memory.shown(text, rng)])
 
-    def _credit(self, processes, prompts, r1, r2, valid) -> list[float]:
+    # ---- Retry, scored by the reward functions against the ORIGINAL row (answer and
+    # metadata columns); `attempt` tells them (and their logs) that these are retries.
+
+    def _retry(self, backend, chosen: Gated, lessons: list[str]) -> tuple[Generated, torch.Tensor]:
+        s = self.settings
+        retries = backend.generate(
+            [
+                retry_prompt(p, s.retry_system_prompt, lesson)
+                for p, lesson in zip(chosen.prompts, lessons)
+            ],
+            s.max_completion_length,
+        )
+        r2 = backend.score(
+            [{**row, "attempt": 2} for row in chosen.rows],
+            chosen.prompts,
+            [as_completion(p, text) for p, text in zip(chosen.prompts, retries.texts)],
+            retries.completion_ids,
+        )
+        return retries, r2
+
+    # ---- Credit: the retries of one prompt as a group, over every process.
+
+    def _credit(self, processes, chosen: Gated, r2, valid) -> list[float]:
         """`retry_advantages` over the retries of every process, sliced back to this one's.
 
         GRPO's sampler gives each process a contiguous slice of the generation batch, so one
         prompt's generations (and its retries) can live on several processes; like GRPO for
         r1, gather the group keys, r1, r2 and validity and credit all of them. Every process
         holds the same number of retries here (padded to the global maximum)."""
-        groups = [_group_key(p) for p in prompts]
+        groups = [_group_key(p) for p in chosen.prompts]
         flags = torch.tensor(valid, device=r2.device, dtype=torch.long)
         advantages = self.retry_advantages(
             processes.gather_object(groups),
-            processes.gather(r1),
+            processes.gather(chosen.r1),
             processes.gather(r2),
             processes.gather(flags).bool().tolist(),
             self.settings.scale_rewards != "none",
-            self.settings.retry_advantage,
         )
         start = processes.index * len(groups)
         return list(advantages[start : start + len(groups)])
 
-    def _reflection_credit(self, units, r2, valid, p_hat, advantages) -> list[float]:
-        """The advantage of each unit's reflection tokens (`reflection_advantage`): its
-        retry's, or its retry's reward against a baseline its own text does not move, the
-        other reflections' retries on the same attempt (else the prompt's first attempts)."""
-        if self.settings.reflection_advantage == "retry":
-            return list(advantages)
-        r2 = torch.nan_to_num(r2)
-        siblings: dict[int, list[int]] = defaultdict(list)
-        for i, (unit, ok) in enumerate(zip(units, valid)):
-            if ok and unit.reflect:
-                siblings[unit.row].append(i)
-        credit = [0.0] * len(units)
-        for members in siblings.values():
-            for i in members:
-                others = [j for j in members if j != i]
-                base = r2[others].mean() if others else p_hat[i]
-                credit[i] = (r2[i] - base).item()
-        return credit
+    # ---- Remember: every process applies the same records and offers in the same order.
 
-    def _remember(self, processes, records, offers, step: int) -> None:
+    def _remember(self, processes, chosen: Gated, lessons, shown, success, step: int) -> None:
         """Apply every process's records (which entries a retry read, and how it ended), then
         offer its reflections whose retry succeeded, in process order everywhere."""
-        if not self.settings.enable_memory:
-            return
-        for orders, success in processes.gather_object(records):
-            self.memory.record(orders, success)
-        for text, reflection in processes.gather_object(offers):
-            self.memory.add(text, reflection, step=step)
+        records = [
+            ([e.order for e in entries], ok)
+            for entries, ok, valid in zip(shown, success, chosen.valid)
+            if valid and entries
+        ]
+        offers = [(text, lesson) for text, lesson, ok in zip(chosen.texts, lessons, success) if ok]
+        for orders, ok in processes.gather_object(records):
+            self.memory.record(orders, ok)
+        for text, lesson in processes.gather_object(offers):
+            self.memory.add(text, lesson, step=step)
 
-    def _metrics(self, backend, r2, valid, success, internalized, rows) -> dict[str, float]:
-        """The retries' `erl/` metrics over every process."""
+    # ---- New rows: reflections and retries (filler rows stay inert, so every process keeps
+    # the same row count), then internalization.
+
+    def _internalizing(self) -> bool:
+        return self.settings.enable_internalization and self.settings.internalization_coef > 0
+
+    def _new_rows(self, backend, chosen, reflections, retries, advantages, success) -> NewRows:
+        rows = NewRows(
+            reflections.prompt_ids,
+            reflections.completion_ids,
+            list(advantages),  # a reflection is credited with its retry's advantage
+            list(chosen.valid),
+            backend.trainable(reflections.completion_ids),
+            list(reflections.logprobs),
+        )
+        rows.extend(
+            NewRows(
+                retries.prompt_ids,
+                retries.completion_ids,
+                list(advantages),
+                list(chosen.valid),
+                backend.trainable(retries.completion_ids),
+                list(retries.logprobs),
+            )
+        )
+        kept = [i for i, ok in enumerate(success) if ok] if self._internalizing() else []
+        if kept:
+            kept_ids = [retries.completion_ids[i] for i in kept]
+            # Not sampled from the original prompt: no sampling log-probs (ratio 1, exact CE).
+            rows.extend(
+                NewRows(
+                    backend.tokenize([chosen.prompts[i] for i in kept]),
+                    kept_ids,
+                    [self.settings.internalization_coef] * len(kept),
+                    [True] * len(kept),
+                    backend.trainable(kept_ids),
+                )
+            )
+        return rows
+
+    # ---- Metrics over every process.
+
+    def _metrics(self, backend, chosen, r2, valid, success, internalized, rows) -> dict[str, float]:
+        """The retries' `erl/` metrics over every process, and the stage's tally."""
         processes = backend.processes
         mask = torch.tensor(valid, device=r2.device) & ~torch.isnan(r2)
         stats = torch.tensor(
-            [r2[mask].sum().item(), mask.sum().item(), float(sum(success)), float(internalized)],
+            [
+                r2[mask].sum().item(),
+                mask.sum().item(),
+                float(sum(success)),
+                float(internalized),
+                float(sum(chosen.valid)),
+            ],
             device=r2.device,
         )
-        total_r2, gated, successes, total_internalized = processes.sum(stats).tolist()
+        total_r2, gated, successes, total_internalized, written = processes.sum(stats).tolist()
         metrics = {
             "erl/r2_mean": total_r2 / max(gated, 1.0),
             "erl/retry_success_rate": successes / max(gated, 1.0),
             "erl/internalization_rows": total_internalized,
+            "erl/reflections": written,
         }
-        # A metric-only forward, decided from the global count: a forward on some processes
-        # and not others would hang sharded (FSDP/ZeRO-3) training. A process without
-        # internalization rows scores one of its other rows, counted for nothing.
         if total_internalized:
-            count = max(internalized, 1)
-            nll = backend.mean_token_nll(rows.prompt_ids[-count:], rows.completion_ids[-count:])
-            tokens = sum(len(ids) for ids in rows.completion_ids[-count:]) if internalized else 0
-            if nll is None:
-                nll, tokens = 0.0, 0
-            total, all_tokens = processes.sum(
-                torch.tensor([nll * tokens, float(tokens)], device=r2.device)
-            ).tolist()
-            if all_tokens:
-                metrics["erl/internalization_loss"] = (
-                    total / all_tokens * self.settings.internalization_coef
-                )
-        return metrics
+            metrics["erl/internalization_loss"] = self._internalization_loss(
+                backend, rows, internalized, r2.device
+            )
+        self.tally["reflections"] += int(written)
+        for outcome, count in self.memory.pop_outcomes().items():
+            metrics[f"erl/memory_{outcome}"] = float(count)
+            self.tally[outcome] += count
+        return {k: v for k, v in metrics.items() if v is not None}
+
+    def _internalization_loss(self, backend, rows, internalized, device) -> float | None:
+        """coef x the mean token NLL of the internalization rows, over every process.
+
+        A metric-only forward, decided from the global count: a forward on some processes
+        and not others would hang sharded (FSDP/ZeRO-3) training. A process without
+        internalization rows scores one of its other rows, counted for nothing."""
+        count = max(internalized, 1)
+        nll = backend.mean_token_nll(rows.prompt_ids[-count:], rows.completion_ids[-count:])
+        tokens = sum(len(ids) for ids in rows.completion_ids[-count:]) if internalized else 0
+        if nll is None:
+            nll, tokens = 0.0, 0
+        total, all_tokens = backend.processes.sum(
+            torch.tensor([nll * tokens, float(tokens)], device=device)
+        ).tolist()
+        return total / all_tokens * self.settings.internalization_coef if all_tokens else None
 
 
 def _group_key(prompt) -> str:
@@ -664,15 +590,6 @@ def _group_key(prompt) -> str:
     return json.dumps(prompt, sort_keys=True, default=str)
 
 
-def _group_means(keys: list[str], rewards: torch.Tensor) -> dict[str, float]:
-    """The mean reward of each group over the gathered first attempts (NaN: left out; a
-    group with none scored: 0)."""
-    totals: dict[str, list[float]] = defaultdict(list)
-    for key, reward in zip(keys, rewards.tolist()):
-        if reward == reward:
-            totals[key].append(reward)
-    return defaultdict(float, {k: sum(v) / len(v) for k, v in totals.items()})
-
-
-def _global_count(processes, count: int, like: torch.Tensor) -> float:
+def _global_sum(processes, count: int, like: torch.Tensor) -> float:
+    """`count` summed over processes."""
     return float(processes.sum(torch.tensor([float(count)], device=like.device)).item())

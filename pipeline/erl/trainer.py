@@ -33,14 +33,12 @@ activate_backend()  # before trl: on a GPU, Unsloth rebinds trl.GRPOTrainer
 import torch  # noqa: E402
 from accelerate.utils import gather_object  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
-from trl.trainer.utils import use_adapter  # noqa: E402
 
 from pipeline.erl.batch import (  # noqa: E402
     INERT_KEY,
     NewRows,
     completion_layout,
     merge_rows,
-    normalise_parts,
     pad_rows,
 )
 from pipeline.erl.budget import MemoryModel, StepBudget  # noqa: E402
@@ -53,8 +51,14 @@ from pipeline.erl.step import (  # noqa: E402
     FirstAttempts,
     Generated,
     RetryAdvantages,
+    SelectReflecting,
     call_feedback,
     retry_advantages,
+)
+from pipeline.erl.upstream import (  # noqa: E402
+    reference_logps,
+    trainable_completions,
+    weighted_reward,
 )
 from pipeline.models.loading import add_mode_switches  # noqa: E402
 from pipeline.models.quantization import (  # noqa: E402
@@ -78,10 +82,15 @@ class ERLTrainer(GRPOTrainer):
 
     Takes every GRPOTrainer argument; `args` must be an `ERLConfig`, and
     `feedback_func(prompts, completions, **columns) -> list[str]` (the reward-function
-    signature) explains to the model what went wrong with each completion. `memory`: the
-    `ReflectionMemory` to read and fill (default: a new one of `args.memory_size`).
-    `retry_advantages(groups, r1, r2, valid, scale, mode) -> list[float]`: how reflection
-    and retry rows are credited (default `pipeline.erl.step.retry_advantages`).
+    signature) explains to the model what went wrong with each completion.
+
+    Hooks, for what is still being tried (the learning bench's arms): `memory`, the
+    `ReflectionMemory` to read and fill (default `ReflectionMemory.from_config(args)`; one
+    of your own must share the config's size, scope and top-k);
+    `retry_advantages(groups, r1, r2, valid, scale) -> list[float]`, how reflection and
+    retry rows are credited (default `pipeline.erl.step.retry_advantages`);
+    `select_reflecting(groups) -> list[bool]`, which gated first attempts reflect (default:
+    all; `pipeline.erl.step.SelectReflecting`).
     """
 
     _tag_names = ["trl", "grpo", "erl"]
@@ -95,6 +104,7 @@ class ERLTrainer(GRPOTrainer):
         feedback_func: FeedbackFunc | None = None,
         memory: ReflectionMemory | None = None,
         retry_advantages: RetryAdvantages = retry_advantages,
+        select_reflecting: SelectReflecting | None = None,
         **kwargs: Any,
     ) -> None:
         check_trainer_base(ERLTrainer.__bases__[0])
@@ -119,10 +129,8 @@ class ERLTrainer(GRPOTrainer):
         # Unsloth's trainer switches modes through these; a plain model lacks them.
         add_mode_switches(self.model)
         self.feedback_func = feedback_func
-        if memory is None:
-            memory = ReflectionMemory.for_settings(args)
-        self.memory = memory
-        self.erl_step = ERLStep(args, memory, retry_advantages)
+        self.memory = memory if memory is not None else ReflectionMemory.from_config(args)
+        self.erl_step = ERLStep(args, self.memory, retry_advantages, select_reflecting)
         self.budget = StepBudget(
             args.peak_memory_factor,
             MemoryModel.of(
@@ -153,7 +161,7 @@ class ERLTrainer(GRPOTrainer):
             inputs, prompts, completions, completion_ids_list
         )
         if self._captured is not None:  # GRPO scoring its first attempts: hand them to ERL
-            r1 = self._weighted_reward(self._local(rewards_per_func))
+            r1 = weighted_reward(self._local(rewards_per_func), self.reward_weights)
             ids = list(completion_ids_list)  # as the reward functions got them
             self._captured.append(FirstAttempts(inputs, prompts, completions, ids, r1))
         return rewards_per_func
@@ -179,12 +187,7 @@ class ERLTrainer(GRPOTrainer):
         for key, value in result.metrics.items():
             metrics[key].append(value)
         if result.rows is not None:
-            first_rows = output["prompt_ids"].size(0)
             output = self._merge_rows(output, result.rows)
-            if self.args.loss_normalization == "per_part":
-                tokens = normalise_parts(output, first_rows, result.rows, self.accelerator.gather)
-                for part, count in tokens.items():
-                    metrics[f"erl/tokens_{part}"].append(float(count))
         metrics["erl/generate_calls"].append(float(self._generate_calls))
         self._generate_calls = 0
         return output
@@ -200,7 +203,9 @@ class ERLTrainer(GRPOTrainer):
             steps_per_generation=args.steps_per_generation,
             gather=self.accelerator.gather,
             logps=lambda batch: self._logps(self.model, batch, budgeted=True),
-            ref_logps=lambda batch: self._ref_logps(batch, budgeted=True),
+            ref_logps=lambda batch: reference_logps(
+                self, batch, lambda model, rows: self._logps(model, rows, budgeted=True)
+            ),
             importance_sampling=(
                 args.vllm_importance_sampling_mode,
                 args.vllm_importance_sampling_clip_min,
@@ -313,26 +318,11 @@ class ERLTrainer(GRPOTrainer):
         )
         return logps
 
-    def _ref_logps(self, batch: dict, budgeted: bool = False) -> torch.Tensor:
-        """Reference-model log-probs, obtained the way GRPOTrainer obtains them."""
-        if self.ref_model is not None:
-            return self._logps(self.ref_model, batch, budgeted)
-        model = self.accelerator.unwrap_model(self.model)
-        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
-            return self._logps(self.model, batch, budgeted)
-
     def _local(self, gathered: torch.Tensor) -> torch.Tensor:
         """This process's rows of a tensor gathered over processes."""
         n = gathered.size(0) // self.accelerator.num_processes
         start = self.accelerator.process_index * n
         return gathered[start : start + n]
-
-    def _weighted_reward(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
-        """GRPO's scalar reward: the weighted nansum over functions (NaN where all are NaN)."""
-        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
-        rewards = (rewards_per_func * weights).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        return rewards
 
 
 class _Processes:
@@ -369,7 +359,7 @@ class _Backend:
         # flushed the first attempts', and retries have no place in its table.
         trainer._pending_extra_logs.clear()
         trainer._pending_metrics.clear()
-        return trainer._weighted_reward(trainer._local(rewards))
+        return weighted_reward(trainer._local(rewards), trainer.reward_weights)
 
     def feedback(self, rows, prompts, completions, completion_ids) -> list[str]:
         # What it logs through log_extra/log_metric is dropped with the retries' logs (`score`).
@@ -390,12 +380,7 @@ class _Backend:
         return [list(p) for p in prompt_ids]
 
     def trainable(self, completion_ids: list[list[int]]) -> list[bool]:
-        """All rows, less truncated completions when GRPO masks those."""
-        trainer = self.trainer
-        if not trainer.mask_truncated_completions:
-            return [True] * len(completion_ids)
-        ends = {*trainer.eos_token_ids, trainer._tokenizer.pad_token_id}
-        return [bool(ids) and ids[-1] in ends for ids in completion_ids]
+        return trainable_completions(self.trainer, completion_ids)
 
     def mean_token_nll(self, prompt_ids, completion_ids) -> float | None:
         trainer = self.trainer
@@ -424,6 +409,11 @@ def _refuse_unsupported(model, args, feedback_func, memory, kwargs: dict) -> Non
         raise TypeError(f"feedback_func must be callable, got {type(feedback_func).__name__}")
     if memory is not None and not isinstance(memory, ReflectionMemory):
         raise TypeError(f"memory must be a ReflectionMemory, got {type(memory).__name__}")
+    if memory is not None and memory.disagreement(args) is not None:
+        raise ValueError(
+            f"memory= disagrees with args on {memory.disagreement(args)}: build it with "
+            "ReflectionMemory.from_config(args, ...) or set the same options in ERLConfig"
+        )
     for unsupported in ("tools", "rollout_func", "environment_factory"):
         if kwargs.get(unsupported) is not None:
             raise ValueError(f"ERLTrainer does not support {unsupported}= (multi-turn rollouts)")

@@ -199,11 +199,13 @@ def parse_options(
     required: Sequence[str] = (),
     aliases: Mapping[str, Sequence[str]] | None = None,
     check: Callable[[argparse.Namespace], None] | None = None,
+    removed: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """One instance per dataclass, from `--config recipe.yaml` and the options after it.
 
     `aliases` maps an old spelling to the current one (`{"--base":
-    ["--model_name_or_path"]}`). `check(namespace)` sees the parsed values before the
+    ["--model_name_or_path"]}`). `removed` maps an option that is gone to what became of it,
+    the refusal's last part. `check(namespace)` sees the parsed values before the
     dataclasses are built, for what their own checks would report less clearly. A bad
     option, a bad value or a dataclass's own refusal is a UsageError naming it.
     """
@@ -215,6 +217,7 @@ def parse_options(
     if not isinstance(env, dict):
         raise UsageError("--config: env must be a mapping", env, "write `env: {NAME: value}`")
     os.environ.update({str(k): str(v) for k, v in env.items()})
+    _refuse_removed(recipe, argv, removed or {})
     unknown = [key for key in recipe if key not in _option_names(parser) - {"config"}]
     if unknown:
         raise UsageError(
@@ -230,6 +233,18 @@ def parse_options(
     # The dataclasses' own __post_init__ checks; TypeError: a recipe value of the wrong type.
     with usage_errors(ValueError, TypeError):
         return list(parser.parse_args_into_dataclasses(argv))
+
+
+def _refuse_removed(recipe: Mapping[str, Any], argv: Sequence[str], removed: Mapping[str, str]):
+    """A UsageError for the first option of the recipe or the command line that is gone."""
+    for key, value in recipe.items():
+        if key in removed:
+            raise UsageError(f"--config: option {key} no longer exists", value, removed[key])
+    for i, arg in enumerate(argv):
+        name = arg.removeprefix("--").split("=", 1)[0]
+        if arg.startswith("--") and name in removed:
+            value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1 : i + 2] or [""])[0]
+            raise UsageError(f"--{name} no longer exists", value, removed[name])
 
 
 def _option_names(parser) -> set[str]:

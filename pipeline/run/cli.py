@@ -121,7 +121,7 @@ def run_curriculum(argv: list[str]) -> int:
         remove_finished_checkpoints(layout, state)  # left by a kill after a stage ended
     if state.controller:
         controller.load_state_dict(state.controller)
-    memory = ReflectionMemory.for_settings(args)
+    memory = ReflectionMemory.from_config(args)
     restored = _restore_latest(model, memory, layout, state)
     if restored:
         logger.info(f"resuming {layout.root} from {restored}")

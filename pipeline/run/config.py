@@ -274,10 +274,22 @@ def _json_values(value: Any) -> Any:
 def check_resume_config(output_dir: Path, config: dict[str, Any]) -> None:
     """On a resume, refuse `config` if an option outside RESUME_SAFE_OPTIONS differs from
     the one the run started with (its run_config.json; a run without one is not checked)."""
+    from pipeline.erl.config import REMOVED_OPTIONS
+
     path = RunLayout(output_dir).run_config
     if not path.exists():
         return
     started = json.loads(path.read_text())
+    # An option since removed: a run that kept its default trained as today's code does.
+    for name, (default, why) in REMOVED_OPTIONS.items():
+        value = started.pop(name, default)
+        if value != default:
+            raise UsageError(
+                f"--resume true: the run in {output_dir} started with option {name}, which "
+                "no longer exists",
+                value,
+                f"ERLConfig option {name} was {why}; start a new run in another --output_dir",
+            )
     differing = sorted(
         key
         for key in set(started) | set(config)
@@ -336,7 +348,7 @@ def parse_run_config(argv: list[str]):
     transformers then refuses the machine). A bad option is a UsageError naming it. Call
     after `activate_backend` (or `choose_backend`): this imports trl.
     """
-    from pipeline.erl.config import ERLConfig
+    from pipeline.erl.config import REMOVED_OPTIONS, ERLConfig
 
     run, model, curriculum, args = parse_options(
         _dataclasses(ERLConfig),
@@ -344,6 +356,7 @@ def parse_run_config(argv: list[str]):
         PROG,
         defaults={} if cuda_bf16() else {"bf16": False},
         check=_check_precision,
+        removed={name: why for name, (_, why) in REMOVED_OPTIONS.items()},
     )
     with usage_errors():
         run.validate()

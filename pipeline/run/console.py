@@ -147,18 +147,16 @@ def warmup_postfix(logs: dict[str, Any]) -> dict[str, str]:
 
 
 def memory_summary(stage: int, tally: Mapping[str, int]) -> str | None:
-    """The stage's line on reflections: how many were written (and lessons reused without
-    one), and what the memory did with those whose retry succeeded: stored, confirmed (a
-    restated lesson), refused and why (ERLStep.tally). None when no reflection was written."""
-    written, reused = tally.get("reflections", 0), tally.get("reused", 0)
-    if not written and not reused:
+    """The stage's line on reflections: how many were written, and what the memory did with
+    those whose retry succeeded: stored, confirmed (a restated lesson), refused and why
+    (ERLStep.tally). None when no reflection was written."""
+    written = tally.get("reflections", 0)
+    if not written:
         return None
     kept = [f"{tally.get(o, 0)} {o}" for o in (STORED, CONFIRMED)]
-    labels = {r: r.replace("_", " ") for r in REJECTIONS} | {"below_gain": "below memory_min_gain"}
-    refused = [f"{tally[r]} {label}" for r, label in labels.items() if tally.get(r)]
+    refused = [f"{tally[r]} {r.replace('_', ' ')}" for r in REJECTIONS if tally.get(r)]
     return (
         f"[stage {stage}] reflections: {written} written"
-        + (f", {reused} retries read a confirmed lesson instead" if reused else "")
         + f"; memory: {', '.join(kept)}"
         + (f"; refused: {', '.join(refused)}" if refused else "; none refused")
     )
