@@ -286,6 +286,42 @@ def test_two_processes_pad_to_the_global_count_credit_together_and_remember_alik
     assert [(e.reflection, e.successes) for e in memories[1]] == [("Check q again.", 2)]
 
 
+def test_select_reflecting_sees_a_group_across_processes_in_process_order():
+    """Prompt "q" has gated rows on both processes: the hook sees all three in process
+    order, so keeping the first of each group keeps process 0's first row only, and
+    process 1 pads to process 0's count with a masked copy."""
+    shared, barrier = {}, threading.Barrier(2)
+    first = [first_attempts(["q", "q"], torch.zeros(2)), first_attempts(["q", "z"], torch.zeros(2))]
+    backends = [Backend(solvable={"q"}) for _ in range(2)]
+    seen, results, errors = [], [None, None], []
+
+    def first_of_each_group(groups):
+        seen.append(list(groups))
+        return [groups.index(key) == i for i, key in enumerate(groups)]
+
+    def run(i):
+        backends[i].processes = ThreadProcesses(i, 2, shared, barrier)
+        step = ERLStep(settings(), ReflectionMemory(5), select_reflecting=first_of_each_group)
+        try:
+            results[i] = step(backends[i], first[i], step=1)
+        except Exception as error:  # surfaced below
+            errors.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert seen[0] == seen[1] and len(seen[0]) == 4  # every process asks about every row
+    retries = [backend.generated[1][0] for backend in backends]
+    assert [content(p).split("\n\n")[0] for p in retries[0]] == ["q"]  # its first "q"
+    assert [content(p).split("\n\n")[0] for p in retries[1]] == ["z"]  # "q" is taken
+    assert results[0].rows.valid[:1] == [True] and results[1].rows.valid[:1] == [True]
+    assert results[0].metrics["erl/reflections"] == 2.0
+
+
 def test_call_feedback_passes_the_columns_and_names_a_bad_function():
     seen = {}
 
