@@ -135,6 +135,10 @@ RUN_CASES = [
     case("bad boolean", ["--use_lora", "maybe"],
      "error: argument --use_lora/--use-lora: Truthy value expected: got maybe but expected one "
      "of yes/no, true/false, t/f, y/n, 1/0 (case insensitive): see python -m pipeline.run --help"),
+    case("preference function of other arguments",
+     ["--preference_functions", '{"j": {"function": "os:system", "weight": 1}}'],
+     "error: preference function 'os:system' takes other arguments than (prompt, a, b) "
+     "((command)): give a function (prompt, a, b) -> a preference in [0, 1]"),
     case("resume with no run there", ["--resume", "true"],
      "error: --resume true: there is no run to resume in --output_dir (OUT: STATE): check the "
      "folder's name, or leave out --resume to start a new run there"),

@@ -28,6 +28,7 @@ from pipeline.options import (
 from pipeline.run.checkpoints import check_output_dir
 from pipeline.run.config import check_resume_config
 from pipeline.run.distributed import check_parallelism
+from pipeline.run.lock import hold_output_dir
 
 
 def check_run(
@@ -43,6 +44,7 @@ def check_run(
     check_exports(run, model)
     check_machine(model, args)
     check_parallelism(args)
+    hold_output_dir(layout, run.resume)  # before the folder is read: one writer at a time
     check_output_dir(layout, run.resume)
     if run.resume:
         check_resume_config(layout.root, config)

@@ -15,7 +15,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from curriculum.atomic import atomic_write_json, atomic_write_text
+from curriculum.atomic import atomic_write_json, atomic_write_text, umask_modes
 from curriculum.controller import CurriculumController
 from curriculum.tasks import Task
 from pipeline.layout import CONTROLLER_FILE, RunLayout
@@ -107,6 +107,7 @@ class CurriculumCallback(TrainerCallback):
         wait_for_everyone()
         checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         if checkpoint.exists() and state.is_world_process_zero:
+            umask_modes(checkpoint)  # the trainer's weights, which safetensors writes owner-only
             atomic_write_json(checkpoint / CONTROLLER_FILE, self.controller.state_dict())
             kill_point("checkpoint", self.stage)
 
