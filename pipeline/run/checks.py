@@ -12,10 +12,12 @@ does before the first write.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from curriculum.controller import CurriculumController
-from curriculum.tasks import Task
+from curriculum.tasks import Task, task_path
+from pipeline.evaluate.run_folder import recorded_task
 from pipeline.layout import RunLayout
 from pipeline.options import (
     UsageError,
@@ -37,7 +39,8 @@ def check_run(
     """Every check of a start, in the order a user would fix them (what to train, with which
     model, on this machine, where); returns the task and a fresh controller (the run loads
     its saved state into it)."""
-    task = check_task(run.task, run.task_config)
+    task = check_task(_task_to_load(run, layout), run.task_config)
+    config["task_class"] = task_path(task)  # recorded: a resume and evaluate find it again
     controller = check_levels(curriculum, task)
     check_signal_weights(task, run.reward_signals, "--reward_signals")
     check_model_sources(run, model)
@@ -49,6 +52,16 @@ def check_run(
     if run.resume:
         check_resume_config(layout.root, config)
     return task, controller
+
+
+def _task_to_load(run, layout: RunLayout) -> str:
+    """--task as given; on a resume of a run whose task was registered by name in the
+    process that started it (`register_task`), the class that run recorded."""
+    if run.resume and layout.run_config.exists():
+        recorded = json.loads(layout.run_config.read_text())
+        if recorded.get("task") == run.task:
+            return recorded_task(recorded)
+    return run.task
 
 
 def check_exports(run, model) -> None:
