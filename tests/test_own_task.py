@@ -139,3 +139,27 @@ def test_the_pages_run_and_evaluation_work_as_written(page_folder):
         ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True
     ).stdout
     assert after == project
+
+
+def test_a_registered_task_is_found_again_by_the_class_the_run_recorded(
+    reverse_task, tmp_path, monkeypatch
+):
+    """A process without the launcher (a resume, an evaluation) does not know the name
+    `reverse`: it loads the class the run recorded, and only for that run's own name."""
+    from types import SimpleNamespace
+
+    from pipeline.evaluate.run_folder import recorded_task
+    from pipeline.layout import RunLayout
+    from pipeline.run.checks import _task_to_load
+
+    monkeypatch.setattr(task_registry, "_REGISTERED", {})
+    recorded = {"task": "reverse", "task_class": "reverse_task:ReverseTask"}
+    assert recorded_task(recorded) == "reverse_task:ReverseTask"
+    assert recorded_task({"task": "countdown", "task_class": "x:Y"}) == "countdown"
+    layout = RunLayout(tmp_path / "run")
+    layout.root.mkdir()
+    layout.run_config.write_text(json.dumps(recorded))
+    resume = SimpleNamespace(task="reverse", resume=True)
+    assert _task_to_load(resume, layout) == "reverse_task:ReverseTask"
+    assert _task_to_load(SimpleNamespace(task="reverse", resume=False), layout) == "reverse"
+    assert _task_to_load(SimpleNamespace(task="other", resume=True), layout) == "other"
