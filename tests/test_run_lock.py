@@ -120,3 +120,24 @@ def test_a_live_run_keeps_its_folder_and_a_killed_one_resumes(tiny_model_dir, tm
     assert {"model.safetensors", "curriculum_state.json", "run_config.json"} <= written
     assert {"reward_curve.png", "metrics.jsonl", "erl_memory.json"} <= written
     assert owner_only(out) == []
+
+
+def test_a_refused_start_takes_away_the_lock_and_the_folders_it_made(tmp_path, capsys):
+    """A start refused before anything was written leaves no lock file and no folder it
+    created, parents included (runs/ for runs/new); once the run has written, the folder
+    stays and only the lock file goes."""
+    out = tmp_path / "runs" / "new"
+    argv = ["--output_dir", str(out), "--task", "arithmetic", "--start_level", "9"]
+    assert main(argv) == 2  # refused before the lock: the level
+    assert not (tmp_path / "runs").exists()
+    from pipeline.layout import RunLayout
+    from pipeline.run.lock import hold_output_dir, released_at_end
+
+    with released_at_end():
+        hold_output_dir(RunLayout(out), resume=False)
+        assert (out / ".run.lock").read_text().strip() == str(os.getpid())
+    assert not (tmp_path / "runs").exists()
+    with released_at_end():
+        hold_output_dir(RunLayout(out), resume=False)
+        (out / "curriculum_state.json").write_text("{}")  # the run wrote: the folder stays
+    assert sorted(p.name for p in out.iterdir()) == ["curriculum_state.json"]

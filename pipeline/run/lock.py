@@ -36,7 +36,8 @@ class _RunLock:
 
         self.root = layout.root
         self.path = layout.lock
-        self.created_root = not self.root.exists()
+        # The folders this start makes (runs/ too, for runs/x), deepest first.
+        self.created = [p for p in (self.root, *self.root.parents) if not p.exists()]
         self.file = FileLock(str(self.path), timeout=0)
 
     def acquire(self) -> str | None:
@@ -67,8 +68,10 @@ class _RunLock:
         # Removed while still held: a process that opens the file after this finds no lock
         # to wait on, and filelock skips an inode that was unlinked under it.
         self.path.unlink(missing_ok=True)
-        if self.created_root and not any(self.root.iterdir()):
-            self.root.rmdir()
+        for folder in self.created:
+            if any(folder.iterdir()):
+                break
+            folder.rmdir()
         self.file.release()
 
 
