@@ -61,6 +61,11 @@ def test_a_stage_folder_is_evaluated_as_its_stage_line(tiny_model_dir, tmp_path,
     assert "weights: correctness=1" in printed and "n: 4" in printed
     written = json.loads(out_json.read_text())
     assert written["checkpoint"] == str(out / "final") and written["trained"] == 0
+    # Another task than the run's: its model, none of the run's choices (the task reward).
+    argv = ["--model_name_or_path", str(out / "stage_1"), "--task", "arithmetic", "--level", "1"]
+    assert evaluate([*argv, "--num_prompts", "2", "--disable_tqdm", "true"]) == 0
+    printed = capsys.readouterr().out
+    assert "task: arithmetic  level: 1  n: 2" in printed and "weights:" not in printed
     # Every evaluated prompt is one of the held-out rows the task keeps apart.
     from curriculum.tasks import get_task
     from curriculum.tasks.base import HELD_OUT_SEED_BASE

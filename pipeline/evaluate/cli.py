@@ -212,7 +212,14 @@ def evaluate_from_command_line(argv: list[str]) -> int:
     )
     from pipeline.evaluate.run_folder import find_run, recorded_task, stage_eval_weights
 
-    run = find_run(args.model_name_or_path)
+    found = find_run(args.model_name_or_path)
+    run = found  # the run whose choices apply: none for another task than the run's
+    if (
+        found
+        and args.task
+        and args.task not in (found.config["task"], found.config.get("task_class"))
+    ):
+        run = None
     recorded = run.config if run else {}
     if not args.task and run is None:
         raise UsageError(
@@ -242,7 +249,7 @@ def evaluate_from_command_line(argv: list[str]) -> int:
         weights = check_signal_weights(task, weights, "--weights")
     num_prompts = args.num_prompts or recorded.get("eval_prompts") or 64
     max_new_tokens = args.max_new_tokens or recorded.get("max_completion_length") or 256
-    model_path = str(run.model) if run else args.model_name_or_path
+    model_path = str(found.model) if found else args.model_name_or_path
     check_model_source(args.model_name_or_path, "--model_name_or_path")
     with usage_errors():
         folder = resolve_checkpoint(model_path)
