@@ -212,7 +212,8 @@ def evaluate_from_command_line(argv: list[str]) -> int:
     )
     from pipeline.evaluate.run_folder import find_run, recorded_task, stage_eval_weights
 
-    found = find_run(args.model_name_or_path)
+    with usage_errors():  # a state file that cannot be read says so in one line
+        found = find_run(args.model_name_or_path)
     run = found  # the run whose choices apply: none for another task than the run's
     if (
         found

@@ -50,7 +50,8 @@ class RecordedRun:
     """run_config.json: every option the run started with."""
     state: CurriculumState
     stage: int | None
-    """The stage whose folder (or checkpoint) was given; None for final/, warmup/ or the run."""
+    """The stage whose folder (or checkpoint) was given; 0 for warmup/ (before any stage),
+    None for final/ or the run folder."""
     model: Path
     """The model folder to load (final/ or the last finished stage for a run folder)."""
 

@@ -69,9 +69,10 @@ class _RunLock:
         # to wait on, and filelock skips an inode that was unlinked under it.
         self.path.unlink(missing_ok=True)
         for folder in self.created:
-            if any(folder.iterdir()):
-                break
-            folder.rmdir()
+            if folder.exists():
+                if any(folder.iterdir()):
+                    break
+                folder.rmdir()
         self.file.release()
 
 
