@@ -4,6 +4,7 @@
 and `python -m pipeline.reward_model --from_run` read it. Other tools rely on it, so
 every reader and writer takes its paths from `RunLayout`:
 
+    <output_dir>/.run.lock                the running process's lock and PID (one writer at a time)
     <output_dir>/run_config.json          every option the run started with (a resume must match)
     <output_dir>/curriculum_state.json    stages: status, steps, r1_mean, eval_reward, checkpoint
     <output_dir>/stage_<k>/               model or adapter + tokenizer + erl_memory.json
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from rewards.generations_log import GENERATIONS_FILE
 
+LOCK_FILE = ".run.lock"  # pipeline.run.lock: held while a process writes the folder
 RUN_CONFIG_FILE = "run_config.json"
 STATE_FILE = "curriculum_state.json"
 STAGE_PREFIX = "stage_"
@@ -63,6 +65,10 @@ class RunLayout:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK_FILE
 
     @property
     def run_config(self) -> Path:

@@ -14,6 +14,7 @@ P(a ≻ b) = σ(r_a − r_b)) or a human-feedback function named in a recipe as
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
 import numbers
@@ -26,7 +27,8 @@ Preference = Callable[[Any, str, str], float]
 
 
 def load_preference_function(spec: str) -> Preference:
-    """The callable named by `"package.module:function"`; ValueError naming what is wrong."""
+    """The callable named by `"package.module:function"`, checked to take (prompt, a, b);
+    ValueError naming what is wrong."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise ValueError(f"a preference function is given as 'module:function', got {spec!r}")
     module_name, attribute = spec.split(":")
@@ -41,6 +43,19 @@ def load_preference_function(spec: str) -> Preference:
         raise ValueError(
             f"preference function {spec!r}: {module_name} has no callable {attribute!r}"
         )
+    # Checked now, not at its first call: a function of other arguments (say `os:system`)
+    # would otherwise pass the start and fail, or worse run, in the middle of training.
+    try:
+        inspect.signature(func).bind("prompt", "a", "b")
+    except (TypeError, ValueError) as err:
+        try:
+            shown = str(inspect.signature(func))
+        except (TypeError, ValueError):
+            shown = "a signature that cannot be read"
+        raise ValueError(
+            f"preference function {spec!r} takes other arguments than (prompt, a, b) ({shown}): "
+            "give a function (prompt, a, b) -> a preference in [0, 1]"
+        ) from err
     return func
 
 

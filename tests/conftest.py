@@ -50,6 +50,30 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "model"))
 
 
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A tiny dataset on disk for the `dataset` family: 3 difficulties × 12 questions."""
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path_factory.mktemp("contract")
+    records = [
+        {"question": f"What is {a} + {b * d}?", "answer": str(a + b * d), "difficulty": d}
+        for d in (1, 2, 3)
+        for a in range(3)
+        for b in range(4)
+    ]
+    datasets.Dataset.from_list(records).save_to_disk(str(folder / "tiny_dataset"))
+    return folder
+
+
+def family_config(name: str, data_dir) -> dict:
+    """The config a built-in family needs to run offline here (`data_dir`: the fixture's)."""
+    if name == "reasoning_gym":
+        return {"dataset": "chain_sum"}
+    if name == "dataset":
+        return {"path": str(data_dir / "tiny_dataset")}
+    return {}
+
+
 @pytest.fixture
 def arithmetic_dataset():
     """32 level-1 arithmetic rows (conversational prompts + answer/meta columns)."""

@@ -104,3 +104,35 @@ def test_atomic_write_text_round_trips_unicode(tmp_path):
     path = atomic_write_text(tmp_path / "a" / "ratings.jsonl", "ü → ✓\n")
     assert path.read_text(encoding="utf-8") == "ü → ✓\n"
     assert leftovers(path.parent) == []
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_atomic_writes_keep_the_mode_an_ordinary_write_gives(tmp_path):
+    """A new file gets 0666 less the umask (mkstemp's 0600 would hide a run from a teammate),
+    and so does what a library wrote owner-only into an atomic folder; a replaced file keeps
+    the mode it had."""
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "new.txt", "x")
+        with atomic_folder(tmp_path / "folder") as staging:
+            (staging / "weights.bin").write_bytes(b"w")
+            # As safetensors writes its weights: owner-only, whatever the umask.
+            os.close(os.open(staging / "model.safetensors", os.O_CREAT | os.O_WRONLY, 0o600))
+        atomic_write_json(tmp_path / "folder" / "state.json", {})
+        ordinary = tmp_path / "ordinary.txt"
+        ordinary.write_text("x")
+        replaced = tmp_path / "replaced.txt"
+        replaced.write_text("old")
+        replaced.chmod(0o640)
+        atomic_write_text(replaced, "new")
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "new.txt") == mode(ordinary) == 0o644
+    assert mode(tmp_path / "folder" / "state.json") == 0o644
+    assert mode(tmp_path / "folder" / "model.safetensors") == 0o644
+    assert mode(tmp_path / "folder") == 0o755
+    assert mode(replaced) == 0o640 and replaced.read_text() == "new"
+    assert leftovers(tmp_path) == []

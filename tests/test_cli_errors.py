@@ -75,7 +75,8 @@ NO_FOLDER = "no such folder: check the path (a hub id is namespace/name)"
 RUN_CASES = [
     case("task typo", ["--task", "arithmetik"],
      "error: --task: unknown task (arithmetik): choose one of arithmetic, countdown, dataset, "
-     "frozenlake, hidden_rule, reasoning_gym, schedule, sokoban"),
+     "frozenlake, hidden_rule, reasoning_gym, schedule, sokoban, or give your own Task "
+     "subclass as package.module:ClassName"),
     case("task_config key", ["--task_config", '{"colour": "red"}'],
      "error: --task_config: task 'arithmetic' refuses it ({'colour': 'red'}): unknown config "
      "key(s) ['colour'] for task 'arithmetic'; valid keys: ['reveal_answer']"),
@@ -135,6 +136,10 @@ RUN_CASES = [
     case("bad boolean", ["--use_lora", "maybe"],
      "error: argument --use_lora/--use-lora: Truthy value expected: got maybe but expected one "
      "of yes/no, true/false, t/f, y/n, 1/0 (case insensitive): see python -m pipeline.run --help"),
+    case("preference function of other arguments",
+     ["--preference_functions", '{"j": {"function": "os:system", "weight": 1}}'],
+     "error: preference function 'os:system' takes other arguments than (prompt, a, b) "
+     "((command)): give a function (prompt, a, b) -> a preference in [0, 1]"),
     case("resume with no run there", ["--resume", "true"],
      "error: --resume true: there is no run to resume in --output_dir (OUT: STATE): check the "
      "folder's name, or leave out --resume to start a new run there"),
@@ -303,7 +308,18 @@ EVALUATE_CASES = [
      "(PEFT adapter) or checkpoint-N subfolders (also under checkpoints/) holding one"),
     case("task typo", ["--task", "arithmetik"],
      "error: --task: unknown task (arithmetik): choose one of arithmetic, countdown, dataset, "
-     "frozenlake, hidden_rule, reasoning_gym, schedule, sokoban"),
+     "frozenlake, hidden_rule, reasoning_gym, schedule, sokoban, or give your own Task "
+     "subclass as package.module:ClassName"),
+    case("task module that does not import", ["--task", "no_such_module_here:ReverseTask"],
+     "error: --task (no_such_module_here:ReverseTask): task 'no_such_module_here:ReverseTask': "
+     "cannot import 'no_such_module_here' (No module named 'no_such_module_here'); run from the "
+     "folder that holds it or put that folder on PYTHONPATH"),
+    case("task path to another class", ["--task", "json:JSONDecoder"],
+     "error: --task (json:JSONDecoder): task 'json:JSONDecoder' is <class "
+     "'json.decoder.JSONDecoder'>, not a subclass of curriculum.tasks.Task: give the class"),
+    case("no task for a model of no run", ["--task", "", "--model_name_or_path", "MODEL"],
+     "error: --task is needed for a model that no run of this project wrote (MODEL): give "
+     "--task NAME (and --level N)"),
     case("level", ["--level", "99"],
      "error: --level is not a level of task 'arithmetic' (99): choose one in 1..6"),
     case("weights", ["--weights", "speed=1"],
@@ -323,7 +339,7 @@ def test_a_bad_evaluation_is_one_line_and_writes_nothing(
     tiny_model_dir, unreachable_hub, tmp_path, capsys, extra, expected
 ):
     (tmp_path / "empty").mkdir()
-    paths = {"TMP": str(tmp_path), "EMPTY": str(tmp_path / "empty")}
+    paths = {"TMP": str(tmp_path), "EMPTY": str(tmp_path / "empty"), "MODEL": tiny_model_dir}
     extra = [paths.get(a, a).replace("TMP", str(tmp_path)) for a in extra]
     argv = ["--model_name_or_path", tiny_model_dir, "--task", "arithmetic", "--level", "1"]
     out = tmp_path / "eval.json"

@@ -170,9 +170,19 @@ def test_preference_functions_are_imported_never_evaluated(tmp_path, monkeypatch
         load_preference_function("my_raters:missing")
     with pytest.raises(ValueError, match="cannot import"):
         load_preference_function("no_such_module_here:prefer")
+    # Callable, but not a judge: refused by its arguments, before it is ever called.
+    with pytest.raises(
+        ValueError, match=r"'os:system' takes other arguments than \(prompt, a, b\) \(\(command\)\)"
+    ):
+        load_preference_function("os:system")
+    (tmp_path / "two_args.py").write_text("def prefer(a, b):\n    return 1.0\n")
+    with pytest.raises(ValueError, match=r"than \(prompt, a, b\) \(\(a, b\)\)"):
+        load_preference_function("two_args:prefer")
 
 
-def test_recipe_entries_are_checked_and_completed():
+def test_recipe_entries_are_checked_and_completed(tmp_path, monkeypatch):
+    (tmp_path / "m.py").write_text("def f(prompt, a, b):\n    return 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     specs = check_reward_model_specs(
         {"helpful": {"path": "runs/rm", "weight": 0.3}, "short": "runs/rm2"}
     )

@@ -93,7 +93,8 @@ def test_no_difficulty_column_is_one_level(tmp_path):
         "dataset", path=str(path), prompt_column="q", answer_column="a", difficulty_column=None
     )
     assert task.num_levels == 1
-    assert len({r["prompt"][-1]["content"] for r in task.generate(1, 5, seed=1)}) == 5
+    # Five rows: one held out, four to train on, each drawn once.
+    assert len({r["prompt"][-1]["content"] for r in task.generate(1, 4, seed=1)}) == 4
 
 
 @pytest.mark.parametrize("key", ["prompt_column", "answer_column", "difficulty_column"])
@@ -132,16 +133,73 @@ def test_split_of_a_saved_dataset_dict(tmp_path):
 
 def test_generate_is_deterministic_and_without_replacement(saved):
     task = get_task("dataset", path=saved)
-    assert task.generate(1, 4, seed=7) == task.generate(1, 4, seed=7)
-    level_one = [r for r in RECORDS if r["difficulty"] == 1]
+    assert task.generate(1, 3, seed=7) == task.generate(1, 3, seed=7)
     draws = [
-        tuple(r["prompt"][-1]["content"] for r in task.generate(1, 4, seed=s)) for s in range(8)
+        tuple(r["prompt"][-1]["content"] for r in task.generate(1, 3, seed=s)) for s in range(8)
     ]
-    assert all(len(set(d)) == 4 for d in draws)  # four rows exist: no repeats
+    assert all(len(set(d)) == 3 for d in draws)  # three training rows (of four): no repeats
     assert len(set(draws)) > 1  # the seed changes the order
-    # 10 draws from 4 rows: every row 2 or 3 times.
-    counts = Counter(r["prompt"][-1]["content"] for r in task.generate(1, 10, seed=0))
-    assert sorted(counts.values()) == [2, 2, 3, 3] and len(counts) == len(level_one)
+    # 8 draws from 3 rows: every row 2 or 3 times.
+    counts = Counter(r["prompt"][-1]["content"] for r in task.generate(1, 8, seed=0))
+    assert sorted(counts.values()) == [2, 3, 3] and len(counts) == 3
+
+
+def prompts_of(rows) -> set[str]:
+    return {r["prompt"][-1]["content"] for r in rows}
+
+
+def test_evaluation_rows_are_never_training_rows(tmp_path):
+    """Each level is split once: training draws (seeds below 10**6) and evaluation draws
+    (from 10**6 on) never share a row, however many are drawn, as the issue's run did
+    (4096 training prompts, 64 evaluation prompts)."""
+    from curriculum.tasks.base import HELD_OUT_SEED_BASE
+
+    path = tmp_path / "rows.jsonl"
+    records = [{"question": f"q{i}", "answer": str(i), "difficulty": i % 3} for i in range(300)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    task = get_task("dataset", path=str(path))
+    for level in task.levels:
+        train = prompts_of(task.generate(level, 4096, seed=10_000 + 1_000 * level))
+        held_out = prompts_of(task.generate(level, 64, seed=HELD_OUT_SEED_BASE + level))
+        assert len(train) == 90 and len(held_out) == 10 and not train & held_out
+        # The same split on a new instance: a resume and pipeline.evaluate see it too.
+        again = get_task("dataset", path=str(path))
+        assert prompts_of(again.generate(level, 64, seed=HELD_OUT_SEED_BASE)) == held_out
+    quarter = get_task("dataset", path=str(path), held_out_fraction=0.25)
+    assert len(prompts_of(quarter.generate(1, 500, seed=HELD_OUT_SEED_BASE))) == 25
+
+
+def test_a_column_marks_the_held_out_rows(tmp_path):
+    from curriculum.tasks.base import HELD_OUT_SEED_BASE
+
+    path = tmp_path / "rows.jsonl"
+    records = [{"question": f"q{i}", "answer": "a", "test": i < 2} for i in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    task = get_task("dataset", path=str(path), difficulty_column=None, held_out_column="test")
+    assert prompts_of(task.generate(1, 50, seed=HELD_OUT_SEED_BASE)) == {"q0", "q1"}
+    assert prompts_of(task.generate(1, 50, seed=0)) == {"q2", "q3", "q4", "q5"}
+    with pytest.raises(ValueError, match="held_out_column 'question' must hold true/false"):
+        get_task(
+            "dataset", path=str(path), difficulty_column=None, held_out_column="question"
+        ).generate(1, 1)
+    none_held = get_task("dataset", path=str(path), difficulty_column=None, held_out_column="x")
+    with pytest.raises(ValueError, match="held_out_column='x': no such column"):
+        none_held.generate(1, 1)
+    for bad in (0, 1, 1.5, "0.1"):
+        with pytest.raises(ValueError, match="held_out_fraction must"):
+            get_task("dataset", path=str(path), held_out_fraction=bad)
+
+
+def test_a_level_of_one_row_trains_but_is_not_evaluated(tmp_path):
+    from curriculum.tasks.base import HELD_OUT_SEED_BASE
+
+    path = tmp_path / "rows.jsonl"
+    records = [{"question": "q0", "answer": "a", "difficulty": 1}]
+    path.write_text(json.dumps(records[0]) + "\n")
+    task = get_task("dataset", path=str(path))
+    assert prompts_of(task.generate(1, 2, seed=0)) == {"q0"}
+    with pytest.raises(ValueError, match="level 1 has no held-out rows to evaluate on"):
+        task.generate(1, 1, seed=HELD_OUT_SEED_BASE)
 
 
 def test_reference_and_numeric_matching(saved):

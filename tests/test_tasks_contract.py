@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import family_config
 
 from curriculum.tasks import SIGNALS, Evaluation, Task, get_task, list_tasks
 
@@ -20,30 +21,6 @@ ROW_KEYS = {"prompt", "task", "level", "answer", "meta"}
 
 # Hostile text must stay text: if anything ever evaluated it, this file would appear.
 PWNED = "pwned"
-
-
-def family_config(name: str, data_dir: Path) -> dict:
-    """The config a family needs to run offline here."""
-    if name == "reasoning_gym":
-        return {"dataset": "chain_sum"}
-    if name == "dataset":
-        return {"path": str(data_dir / "tiny_dataset")}
-    return {}
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    """A tiny dataset on disk for the `dataset` family: 3 difficulties × 12 questions."""
-    datasets = pytest.importorskip("datasets")
-    folder = tmp_path_factory.mktemp("contract")
-    records = [
-        {"question": f"What is {a} + {b * d}?", "answer": str(a + b * d), "difficulty": d}
-        for d in (1, 2, 3)
-        for a in range(3)
-        for b in range(4)
-    ]
-    datasets.Dataset.from_list(records).save_to_disk(str(folder / "tiny_dataset"))
-    return folder
 
 
 def load_family(name: str, data_dir: Path) -> Task:

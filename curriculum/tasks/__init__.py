@@ -1,38 +1,33 @@
-"""Task families with difficulty levels: `get_task(name, **config)`, `list_tasks()`."""
+"""Task families with difficulty levels: `get_task(name, **config)`, `list_tasks()`, and a
+user's own family by import path (`get_task("reverse_task:ReverseTask")`) or by name
+after `register_task("reverse", ReverseTask)`.
+
+The Task API a family implements is in `curriculum.tasks.base` and docs/own_task.md;
+`check_task_rows` checks an instance keeps it before a run writes anything.
+"""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from curriculum.tasks.base import SIGNALS, Evaluation, Row, Task, TaskConfig
+from curriculum.tasks.registry import (
+    check_task_rows,
+    get_task,
+    list_tasks,
+    register_task,
+    task_class,
+    task_path,
+)
 
-# name -> "module:Class". Modules are imported on first use so that a family's optional
-# dependencies (reasoning-gym, gymnasium, datasets) load only when that family is asked for.
-_REGISTRY: dict[str, str] = {
-    "arithmetic": "curriculum.tasks.arithmetic:ArithmeticTask",
-    "countdown": "curriculum.tasks.countdown:CountdownTask",
-    "frozenlake": "curriculum.tasks.frozenlake:FrozenLakeTask",
-    "sokoban": "curriculum.tasks.sokoban:SokobanTask",
-    "schedule": "curriculum.tasks.schedule:ScheduleTask",
-    "reasoning_gym": "curriculum.tasks.reasoning_gym_adapter:ReasoningGymTask",
-    "dataset": "curriculum.tasks.dataset_task:DatasetTask",
-    "hidden_rule": "curriculum.tasks.hidden_rule:HiddenRuleTask",
-}
-
-
-def list_tasks() -> list[str]:
-    """Names of the built-in task families."""
-    return sorted(_REGISTRY)
-
-
-def get_task(name: str, **config: Any) -> Task:
-    """The task family `name` configured with `config`; ValueError for a bad name or value."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; valid tasks: {list_tasks()}")
-    module_name, class_name = _REGISTRY[name].split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(**config)
-
-
-__all__ = ["SIGNALS", "Evaluation", "Row", "Task", "TaskConfig", "get_task", "list_tasks"]
+__all__ = [
+    "SIGNALS",
+    "Evaluation",
+    "Row",
+    "Task",
+    "TaskConfig",
+    "check_task_rows",
+    "get_task",
+    "list_tasks",
+    "register_task",
+    "task_class",
+    "task_path",
+]

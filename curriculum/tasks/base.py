@@ -26,9 +26,30 @@ from typing import Any, ClassVar
 
 Row = dict[str, Any]
 
+HELD_OUT_SEED_BASE = 10**6
+"""Rows drawn with a seed from here on are evaluation rows; training draws stay below it.
+A family whose levels have few distinct problems keeps the two apart itself: it draws
+from a held-out part of its problems when `Task.held_out_seed(seed)` (hidden_rule's
+operand pairs, dataset's held-out rows). `pipeline.evaluate.first_attempts` also skips
+an evaluation prompt the run trained on, and says how many it could not replace."""
+
 # The signal names a task may report in `Evaluation.breakdown`. `rewards` turns each
 # into a TRL reward function; the length penalty is computed there, not by tasks.
 SIGNALS = ("format", "correctness", "milestones", "plausibility", "reasoning")
+
+
+def is_conversation(value: Any) -> bool:
+    """Whether `value` is a non-empty list of {"role": str, "content": str} messages."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in value
+        )
+    )
 
 
 @dataclass
@@ -105,6 +126,11 @@ class Task(ABC):
                 f"level {level!r} is out of range for task {self.name!r}; valid levels: "
                 f"1..{self.num_levels}"
             )
+
+    @staticmethod
+    def held_out_seed(seed: int) -> bool:
+        """Whether a draw with `seed` is for evaluation (see HELD_OUT_SEED_BASE)."""
+        return seed >= HELD_OUT_SEED_BASE
 
     def generate(self, level: int, n: int, seed: int = 0) -> list[Row]:
         """`n` rows at `level`, the same for the same seed (row i uses Random(seed + i))."""

@@ -6,6 +6,12 @@ The table is a folder written by `datasets.Dataset.save_to_disk`, a local data f
 column, sorted, become levels 1..N. The model replies `<answer>...</answer>`, optionally
 after a `<think>...</think>` block; the answer is matched after whitespace and case
 normalisation, and numerically when both sides are numbers.
+
+Held out means held out: each level's rows are split once, deterministically, into
+training rows and held-out rows (`held_out_fraction` of them, chosen by a fixed shuffle,
+or those a boolean `held_out_column` marks). Training draws (seeds below
+HELD_OUT_SEED_BASE) come from the training rows only, evaluation draws from the held-out
+rows only, so an evaluation never scores a row the run trained on.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import random
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 from curriculum.tasks.answer_tags import (
     NO_ANSWER,
@@ -25,7 +31,7 @@ from curriculum.tasks.answer_tags import (
     free_answer_verdict,
     shorten,
 )
-from curriculum.tasks.base import Evaluation, Row, Task, TaskConfig
+from curriculum.tasks.base import Evaluation, Row, Task, TaskConfig, is_conversation
 
 SYSTEM_PROMPT = (
     "Solve the problem. You may think inside <think>...</think> first. "
@@ -87,6 +93,11 @@ class DatasetConfig(TaskConfig):
     system_prompt: str = SYSTEM_PROMPT
     match: str = "numeric"
     """"exact": normalised string equality; "numeric": also equal as numbers."""
+    held_out_fraction: float = 0.1
+    """Share of each level's rows kept for evaluation, never trained on (at least one row of
+    a level with two or more; a level of one row trains and cannot be evaluated)."""
+    held_out_column: str | None = None
+    """A boolean column: true marks a held-out row. Replaces held_out_fraction when set."""
 
     def validate(self) -> None:
         if not isinstance(self.path, str) or not self.path.strip():
@@ -103,6 +114,15 @@ class DatasetConfig(TaskConfig):
         if self.match not in MATCH_MODES:
             raise ValueError(
                 f"match={self.match!r} is not valid; valid values: {list(MATCH_MODES)}"
+            )
+        fraction = self.held_out_fraction
+        if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool)):
+            raise ValueError(f"held_out_fraction must be a number in (0, 1), got {fraction!r}")
+        if not 0 < fraction < 1:
+            raise ValueError(f"held_out_fraction must be in (0, 1), got {fraction!r}")
+        if self.held_out_column is not None and not isinstance(self.held_out_column, str):
+            raise ValueError(
+                f"held_out_column must be a column name or None, got {self.held_out_column!r}"
             )
         if self.difficulty_order is not None:
             order = self.difficulty_order
@@ -198,6 +218,34 @@ def _sorted_levels(values: list[Any], order: list[Any] | None) -> list[Any]:
     )
 
 
+# ----------------------------------------------------------------------------- split
+
+
+class _Table(NamedTuple):
+    prompts: list[Any]
+    answers: list[str]
+    values: list[Any]
+    """The level values, easiest first."""
+    split: list[tuple[list[int], list[int]]]
+    """Per level: (training row indices, held-out row indices)."""
+
+
+def _split_level(
+    rows: list[int], fraction: float, marks: list[bool] | None
+) -> tuple[list[int], list[int]]:
+    """(training, held-out) indices of one level: the rows `marks` flags, else a fixed
+    shuffle's first `fraction` of them (at least one of two or more rows, never all)."""
+    if marks is not None:
+        return [i for i in rows if not marks[i]], [i for i in rows if marks[i]]
+    if len(rows) < 2:
+        return list(rows), []
+    count = min(len(rows) - 1, max(1, round(fraction * len(rows))))
+    shuffled = list(rows)
+    random.Random(0).shuffle(shuffled)  # fixed: the same split for every run and evaluation
+    held_out = set(shuffled[:count])
+    return [i for i in rows if i not in held_out], [i for i in rows if i in held_out]
+
+
 # ----------------------------------------------------------------------------- task
 
 
@@ -210,15 +258,17 @@ class DatasetTask(Task):
 
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)
-        self._loaded: tuple[list[Any], list[str], list[Any], list[list[int]]] | None = None
+        self._loaded: _Table | None = None
 
-    def _data(self) -> tuple[list[Any], list[str], list[Any], list[list[int]]]:
-        """(prompts, answers, level values, row indices per level), loaded once."""
+    def _data(self) -> _Table:
+        """The rows' prompts, answers, level values and split, loaded once."""
         if self._loaded is None:
             cfg = self.config
             wanted = {"prompt_column": cfg.prompt_column, "answer_column": cfg.answer_column}
             if cfg.difficulty_column is not None:
                 wanted["difficulty_column"] = cfg.difficulty_column
+            if cfg.held_out_column is not None:
+                wanted["held_out_column"] = cfg.held_out_column
             columns = load_columns(cfg, wanted)
             prompts, answers = columns["prompt_column"], columns["answer_column"]
             if not prompts:
@@ -239,34 +289,56 @@ class DatasetTask(Task):
             by_level: list[list[int]] = [[] for _ in values]
             for index, value in enumerate(difficulties):
                 by_level[position[value]].append(index)
-            self._loaded = (prompts, [str(a) for a in answers], values, by_level)
+            marks = columns.get("held_out_column")
+            if marks is not None and any(not isinstance(m, bool) for m in marks):
+                bad = next(m for m in marks if not isinstance(m, bool))
+                raise ValueError(
+                    f"held_out_column {cfg.held_out_column!r} must hold true/false, got {bad!r}"
+                )
+            split = [_split_level(rows, cfg.held_out_fraction, marks) for rows in by_level]
+            self._loaded = _Table(prompts, [str(a) for a in answers], values, split)
         return self._loaded
 
     @property
     def num_levels(self) -> int:
-        return len(self._data()[3])
+        return len(self._data().values)
 
     def generate(self, level: int, n: int, seed: int = 0) -> list[Row]:
-        """`n` rows of `level`, the same for the same seed.
+        """`n` rows of `level`, the same for the same seed: training rows for a seed below
+        HELD_OUT_SEED_BASE, held-out rows from there on.
 
-        Rows are drawn without replacement; when the level has fewer than `n` rows, every
+        Rows are drawn without replacement; when the part has fewer than `n` rows, every
         row is used ⌊n/m⌋ or ⌈n/m⌉ times (whole shuffled passes, then a partial one).
         """
         self.check_level(level)
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        pool = self._data()[3][level - 1]
+        pool = self._pool(level, seed)
         rng = random.Random(seed)
         picked: list[int] = []
         while len(picked) < n:
             picked += rng.sample(pool, min(len(pool), n - len(picked)))
         return [self._row(level, index) for index in picked]
 
+    def _pool(self, level: int, seed: int) -> list[int]:
+        """The row indices a draw with `seed` takes from: the level's training or held-out part."""
+        train, held_out = self._data().split[level - 1]
+        if not self.held_out_seed(seed):
+            if not train:
+                raise ValueError(f"level {level} has no training rows: every row is held out")
+            return train
+        if not held_out:
+            raise ValueError(
+                f"level {level} has no held-out rows to evaluate on (it has {len(train)}): "
+                "add rows to it, or mark some in held_out_column"
+            )
+        return held_out
+
     def _generate_one(self, level: int, rng: random.Random) -> Row:
-        return self._row(level, rng.choice(self._data()[3][level - 1]))
+        return self._row(level, rng.choice(self._data().split[level - 1][0]))
 
     def _row(self, level: int, index: int) -> Row:
-        prompts, answers, values, _ = self._data()
+        prompts, answers, values = self._data()[:3]
         prompt = prompts[index]
         value = values[level - 1]
         row = self.make_row(
@@ -285,16 +357,7 @@ class DatasetTask(Task):
         system = {"role": "system", "content": self.config.system_prompt}
         if isinstance(prompt, str):
             return [system, {"role": "user", "content": prompt}]
-        if (
-            isinstance(prompt, list)
-            and prompt
-            and all(
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-                for m in prompt
-            )
-        ):
+        if is_conversation(prompt):
             messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
             return messages if messages[0]["role"] == "system" else [system, *messages]
         raise ValueError(

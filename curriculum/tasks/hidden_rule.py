@@ -34,12 +34,7 @@ import re
 from dataclasses import dataclass
 
 from curriculum.tasks.arithmetic import evaluate_integer
-from curriculum.tasks.base import Evaluation, Row, Task, TaskConfig
-
-HELD_OUT_SEED_BASE = 10**6
-"""Rows drawn with a seed from here on are held out. It equals
-`pipeline.evaluate.first_attempts.EVAL_SEED_BASE` (a test checks it: curriculum does not
-import pipeline)."""
+from curriculum.tasks.base import HELD_OUT_SEED_BASE, Evaluation, Row, Task, TaskConfig
 
 # level -> (rule: a sum of products of a, b and the constants; digits per operand;
 #           {constant: (low, high)})

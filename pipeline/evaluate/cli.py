@@ -2,6 +2,7 @@
 
 Usage:
 
+    python -m pipeline.evaluate --model_name_or_path runs/demo/stage_2   # a run's: as its stage line
     python -m pipeline.evaluate --model_name_or_path runs/demo/final --task arithmetic --level 1
     python -m pipeline.evaluate --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --task countdown \\
         --level 2 --num_prompts 100 --task_config '{"reveal_answer": false}' --output_json eval.json
@@ -14,6 +15,12 @@ base is evaluated on that 4-bit base (its folder records it; `--load_in_4bit tru
 quantizes a plain model or hub id too). Prints `mean_reward: ...` and `success_rate: ...`,
 one line each; `--output_json` also writes the result (summary and a few samples).
 Prompts are held out from training: see `pipeline.evaluate.first_attempts.held_out_seed`.
+
+A folder a run wrote (the run's, a stage's, final/, warmup/, a checkpoint) brings the
+run's task, task options, reward weights, prompt count and completion length with it
+(`pipeline.evaluate.run_folder`); options on the command line override them. So
+`--model_name_or_path runs/x/stage_2` reports the same weighted evaluation as the stage
+line, on the same prompts, none of which the run trained on.
 
 The options follow the project's convention (`pipeline.options`): a TrlParser dataclass,
 `--config`, booleans as true|false, one-line errors with exit code 2. The old spellings
@@ -31,7 +38,7 @@ from typing import Any, Literal
 from pipeline.options import UsageError, run_command, usage_errors
 
 PROG = "python -m pipeline.evaluate"
-USAGE = f"{PROG} --model_name_or_path PATH --task NAME --level N [--option VALUE ...]"
+USAGE = f"{PROG} --model_name_or_path PATH [--task NAME] [--level N] [--option VALUE ...]"
 ALIASES = {
     "--model": ["--model_name_or_path"],
     "--n": ["--num_prompts"],
@@ -50,13 +57,25 @@ class EvaluateArguments:
             "stage: its latest checkpoint) or hub id. Was --model."
         }
     )
-    task: str = field(metadata={"help": "Task family name, e.g. arithmetic."})
-    level: int = field(metadata={"help": "Difficulty level (1..N)."})
-    num_prompts: int = field(default=64, metadata={"help": "Held-out prompts. Was --n."})
-    task_config: list[str] = field(
-        default_factory=list,
+    task: str | None = field(
+        default=None,
         metadata={
-            "help": "Task config: one JSON object or key=value pairs.",
+            "help": "Task family name, e.g. arithmetic, or your own Task subclass as "
+            "package.module:ClassName (None: the run's, for a folder a run wrote)."
+        },
+    )
+    level: int | None = field(
+        default=None,
+        metadata={"help": "Difficulty level (1..N; None: the stage's, or the run's last)."},
+    )
+    num_prompts: int | None = field(
+        default=None,
+        metadata={"help": "Held-out prompts (None: the run's eval_prompts, else 64). Was --n."},
+    )
+    task_config: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Task config: one JSON object or key=value pairs (None: the run's).",
             "metavar": "KEY=VALUE",
         },
     )
@@ -64,14 +83,21 @@ class EvaluateArguments:
         default=None,
         metadata={
             "help": "Score the weighted reward of these signals (as in training) instead of the "
-            "task reward: one JSON object or signal=weight pairs.",
+            "task reward: one JSON object or signal=weight pairs (None: the run's "
+            "reward_signals, as its stage line; the task reward for a model of no run).",
             "metavar": "SIGNAL=WEIGHT",
         },
     )
     seed: int | None = field(
         default=None, metadata={"help": "Seed of the prompts (None: the level's held-out seed)."}
     )
-    max_new_tokens: int = field(default=256, metadata={"help": "Longest completion in tokens."})
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Longest completion in tokens (None: the run's max_completion_length, "
+            "else 256)."
+        },
+    )
     batch_size: int = field(default=16, metadata={"help": "Prompts per generate call."})
     do_sample: bool = field(default=False, metadata={"help": "Sample instead of greedy decoding."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (do_sample)."})
@@ -99,7 +125,7 @@ class EvaluateArguments:
     def validate(self) -> None:
         """Reject a bad count or temperature, naming it."""
         for name in ("num_prompts", "max_new_tokens", "batch_size"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UsageError(
                     f"--{name} must be >= 1", getattr(self, name), "give a positive count"
                 )
@@ -177,25 +203,61 @@ def evaluate_from_command_line(argv: list[str]) -> int:
 
         disable_progress_bar()
 
-    # -- the task, level, weights and model before loading anything
+    # -- the task, level, weights and model before loading anything; a folder the run
+    # wrote gives what the command line leaves out
     from pipeline.evaluate.first_attempts import (
         evaluate_first_attempts,
         load_for_evaluation,
         resolve_checkpoint,
     )
+    from pipeline.evaluate.run_folder import find_run, recorded_task, stage_eval_weights
 
+    with usage_errors():  # a state file that cannot be read says so in one line
+        found = find_run(args.model_name_or_path)
+    run = found  # the run whose choices apply: none for another task than the run's
+    if (
+        found
+        and args.task
+        and args.task not in (found.config["task"], found.config.get("task_class"))
+    ):
+        run = None
+    recorded = run.config if run else {}
+    if not args.task and run is None:
+        raise UsageError(
+            "--task is needed for a model that no run of this project wrote",
+            args.model_name_or_path,
+            "give --task NAME (and --level N)",
+        )
     with usage_errors():  # json.JSONDecodeError is a ValueError too
-        task_config = parse_key_values(args.task_config, "--task_config")
-        weights = None if args.weights is None else parse_key_values(args.weights, "--weights")
-    task = check_task(args.task, task_config)
-    check_level(task, args.level)
+        task_config = (
+            recorded.get("task_config", {})
+            if args.task_config is None
+            else parse_key_values(args.task_config, "--task_config")
+        )
+        weights = (
+            stage_eval_weights(recorded.get("reward_signals", {}))
+            if args.weights is None
+            else parse_key_values(args.weights, "--weights")
+        )
+    task = check_task(args.task or recorded_task(recorded), task_config)
+    level = args.level if args.level is not None else run and run.stage_level()
+    if level is None:
+        raise UsageError(
+            "--level is needed: the run has no stage yet", args.model_name_or_path, "give --level N"
+        )
+    check_level(task, level)
     if weights is not None:
         weights = check_signal_weights(task, weights, "--weights")
+    num_prompts = args.num_prompts or recorded.get("eval_prompts") or 64
+    max_new_tokens = args.max_new_tokens or recorded.get("max_completion_length") or 256
+    model_path = str(found.model) if found else args.model_name_or_path
     check_model_source(args.model_name_or_path, "--model_name_or_path")
     with usage_errors():
-        folder = resolve_checkpoint(args.model_name_or_path)
-    if Path(folder) != Path(args.model_name_or_path):
-        print(f"model: {folder} (the latest checkpoint in {args.model_name_or_path})")
+        folder = resolve_checkpoint(model_path)
+    if Path(folder) != Path(model_path):
+        print(f"model: {folder} (the latest checkpoint in {model_path})")
+    elif Path(folder) != Path(args.model_name_or_path):
+        print(f"model: {folder} (the run's)")
     try:
         model, tokenizer = load_for_evaluation(folder, load_in_4bit=args.load_in_4bit)
     except (ValueError, OSError) as err:
@@ -206,20 +268,25 @@ def evaluate_from_command_line(argv: list[str]) -> int:
         model,
         tokenizer,
         task,
-        args.level,
-        args.num_prompts,
+        level,
+        num_prompts,
         seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=max_new_tokens,
         batch_size=args.batch_size,
         do_sample=args.do_sample,
         temperature=args.temperature,
         weights=weights,
+        trained=run.trained(task, level) if run else (),  # held out from the run's prompts
         progress=not args.disable_tqdm,
     )
 
     print(f"task: {result.task}  level: {result.level}  n: {result.n}  seed: {result.seed}")
+    if weights is not None:
+        print(f"weights: {', '.join(f'{k}={v:g}' for k, v in weights.items())}")
     print(f"mean_reward: {result.mean_reward:.4f}")
     print(f"success_rate: {result.success_rate:.4f}")
+    if result.trained:
+        print(f"trained_on: {result.trained} of {result.n} prompts (the level has too few others)")
     if args.output_json:
         from curriculum.atomic import atomic_write_json
 

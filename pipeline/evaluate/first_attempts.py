@@ -11,28 +11,31 @@ weighted reward exactly as GRPO computes r1) and `success_rate` the share solved
 Held-out prompts: row i of an evaluation at `level` is drawn with
 `Random(EVAL_SEED_BASE + EVAL_SEED_STRIDE * level + i)` (see `held_out_seed`). Training
 rows must use seeds below `EVAL_SEED_BASE` (10**6) so that the two never share a draw.
-Disjoint seeds do not make disjoint problems when a level has few distinct problems
-(level 1 arithmetic has 100): there the score measures skill, not memorisation, anyway.
+Disjoint seeds do not make disjoint problems when a level has few distinct problems, so
+`trained` (the prompts the run trained on, `pipeline.evaluate.held_out`) are skipped and
+drawn again; where a level has too few others (arithmetic level 1 has 100 sums) they are
+kept and counted in `EvalResult.trained`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from curriculum.tasks.base import Row, Task
+from curriculum.tasks.base import HELD_OUT_SEED_BASE, Row, Task
 from pipeline.erl.prompts import prompt_text
+from pipeline.evaluate.held_out import held_out_rows
 from pipeline.layout import CHECKPOINTS_DIR
 from pipeline.models.backend import activate_backend
 from rewards import Scorer, build_reward_funcs
 
 logger = logging.getLogger(__name__)
 
-EVAL_SEED_BASE = 10**6
-"""Evaluation seeds start here; training seeds stay below it."""
+EVAL_SEED_BASE = HELD_OUT_SEED_BASE
+"""Evaluation seeds start here; training seeds stay below it (the Task API's constant)."""
 EVAL_SEED_STRIDE = 10**4
 """Seed distance between levels, so that evaluations of up to 10,000 rows never overlap."""
 
@@ -54,6 +57,8 @@ class EvalResult:
     failure_rate: float
     """Share of completions that could not be scored (no parse, verifier error)."""
     seed: int | None = None
+    trained: int = 0
+    """Prompts the run had trained on, kept because the level has too few others."""
     rewards: list[float] = field(default_factory=list, repr=False)
     """Per-completion rewards, in prompt order (left out of `to_dict` to keep logs small)."""
     samples: list[dict[str, Any]] = field(default_factory=list, repr=False)
@@ -225,18 +230,21 @@ def evaluate_first_attempts(
     do_sample: bool = False,
     temperature: float = 1.0,
     weights: Mapping[str, float] | None = None,
+    trained: Collection[str] = (),
     progress: bool = True,
     num_samples: int = 4,
 ) -> EvalResult:
     """Mean reward and success rate of the model's single answers to `n` held-out prompts.
 
-    `seed` None takes `held_out_seed(level)`. No reflection, no retry: what a user sees.
+    `seed` None takes `held_out_seed(level)`. `trained`: prompt keys the run trained on
+    (`held_out.trained_prompts`), skipped where the level has others. No reflection, no
+    retry: what a user sees.
     """
     task.check_level(level)
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
     seed = held_out_seed(level) if seed is None else seed
-    rows = task.generate(level, n, seed=seed)
+    rows, overlap = held_out_rows(task, level, n, seed, trained)
     completions = generate_completions(
         model,
         tokenizer,
@@ -248,9 +256,11 @@ def evaluate_first_attempts(
         seed=seed,
         progress=progress,
     )
-    return score_completions(
+    result = score_completions(
         task, rows, completions, weights=weights, seed=seed, num_samples=num_samples
     )
+    result.trained = overlap
+    return result
 
 
 # Loading ---------------------------------------------------------------------------

@@ -13,17 +13,36 @@ from pipeline.options.parsing import peek_option
 
 
 def check_task(name: str, config: Mapping[str, Any] | None = None):
-    """The task `--task name` names, configured with `--task_config`; UsageError otherwise."""
-    from curriculum.tasks import get_task, list_tasks
+    """The task `--task name` names (a family, a registered name or `module:Class`),
+    configured with `--task_config`, whose rows at every level keep the Task API;
+    UsageError otherwise."""
+    from curriculum.tasks import check_task_rows, list_tasks, task_class
 
-    if name not in list_tasks():
-        raise UsageError("--task: unknown task", name, f"choose one of {', '.join(list_tasks())}")
+    if ":" not in name and name not in list_tasks():
+        raise UsageError(
+            "--task: unknown task",
+            name,
+            f"choose one of {', '.join(list_tasks())}, or give your own Task subclass as "
+            "package.module:ClassName",
+        )
     try:
-        return get_task(name, **(config or {}))
+        cls = task_class(name)
+    except ValueError as err:
+        raise UsageError("--task", name, str(err)) from err
+    try:
+        task = cls(**(config or {}))
+        task.num_levels  # noqa: B018  (a dataset task reads its data here: its options' faults)
     except (TypeError, ValueError) as err:
         raise UsageError(
             f"--task_config: task {name!r} refuses it", dict(config or {}), str(err)
         ) from err
+    try:
+        check_task_rows(task)
+    except Exception as err:  # the user's code, run once here rather than mid-training
+        raise UsageError(
+            "--task: the task does not keep the Task API", name, f"{type(err).__name__}: {err}"
+        ) from err
+    return task
 
 
 def check_level(task, level: Any, option: str = "--level") -> None:

@@ -98,7 +98,8 @@ def check_reward_model_specs(specs: Mapping[str, Any]) -> dict[str, dict[str, An
 
 
 def check_preference_function_specs(specs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The `preference_functions` recipe mapping, checked; the functions are imported later."""
+    """The `preference_functions` recipe mapping, checked: each function imports, is callable
+    and takes (prompt, a, b), before the run writes anything."""
     checked = {}
     for name, spec in specs.items():
         where = f"preference_functions.{name}"
@@ -106,6 +107,7 @@ def check_preference_function_specs(specs: Mapping[str, Any]) -> dict[str, dict[
         function = spec["function"]
         if not isinstance(function, str) or function.count(":") != 1:
             raise ValueError(f"{where}.function must be 'module:function', got {function!r}")
+        load_preference_function(function)
         checked[name] = {
             "function": function,
             "weight": _number(f"{where}.weight", spec.get("weight", 1.0)),

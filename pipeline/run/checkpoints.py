@@ -19,7 +19,7 @@ from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from curriculum.atomic import atomic_folder
+from curriculum.atomic import atomic_folder, umask_modes
 from pipeline.layout import CONTROLLER_FILE, STATE_FILE, RunLayout
 from pipeline.options import UsageError
 
@@ -46,7 +46,8 @@ def check_output_dir(layout: RunLayout, resume: bool) -> None:
     run: `--resume true` continues a run, it never starts one (a misspelled folder would
     otherwise begin a new run there). UsageError naming the folder and what to do."""
     root = layout.root
-    holds_files = root.is_dir() and any(root.iterdir())
+    # The lock file is this process's own (taken just before): it is not a run.
+    holds_files = root.is_dir() and any(p != layout.lock for p in root.iterdir())
     if root.exists() and not root.is_dir():
         raise UsageError("--output_dir is a file, not a folder", root, "choose a folder")
     if not resume:
@@ -93,6 +94,7 @@ def _write_policy(model, tokenizer, memory, folder: Path) -> None:
     record_base_quantization(model, folder)  # so that evaluation rebuilds the 4-bit base
     tokenizer.save_pretrained(folder)
     memory.save(folder)
+    umask_modes(folder)  # the weights, which safetensors writes owner-only
 
 
 def load_policy_weights(model, folder: Path) -> None:

@@ -12,10 +12,12 @@ does before the first write.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from curriculum.controller import CurriculumController
-from curriculum.tasks import Task
+from curriculum.tasks import Task, task_path
+from pipeline.evaluate.run_folder import recorded_task
 from pipeline.layout import RunLayout
 from pipeline.options import (
     UsageError,
@@ -28,6 +30,7 @@ from pipeline.options import (
 from pipeline.run.checkpoints import check_output_dir
 from pipeline.run.config import check_resume_config
 from pipeline.run.distributed import check_parallelism
+from pipeline.run.lock import hold_output_dir
 
 
 def check_run(
@@ -36,17 +39,29 @@ def check_run(
     """Every check of a start, in the order a user would fix them (what to train, with which
     model, on this machine, where); returns the task and a fresh controller (the run loads
     its saved state into it)."""
-    task = check_task(run.task, run.task_config)
+    task = check_task(_task_to_load(run, layout), run.task_config)
+    config["task_class"] = task_path(task)  # recorded: a resume and evaluate find it again
     controller = check_levels(curriculum, task)
     check_signal_weights(task, run.reward_signals, "--reward_signals")
     check_model_sources(run, model)
     check_exports(run, model)
     check_machine(model, args)
     check_parallelism(args)
+    hold_output_dir(layout, run.resume)  # before the folder is read: one writer at a time
     check_output_dir(layout, run.resume)
     if run.resume:
         check_resume_config(layout.root, config)
     return task, controller
+
+
+def _task_to_load(run, layout: RunLayout) -> str:
+    """--task as given; on a resume of a run whose task was registered by name in the
+    process that started it (`register_task`), the class that run recorded."""
+    if run.resume and layout.run_config.exists():
+        recorded = json.loads(layout.run_config.read_text())
+        if recorded.get("task") == run.task:
+            return recorded_task(recorded)
+    return run.task
 
 
 def check_exports(run, model) -> None:

@@ -29,7 +29,10 @@ logger = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.run`; returns the exit code (2: an option refused, in one line)."""
-    return run_command(run_curriculum, argv, _help)
+    from pipeline.run.lock import released_at_end
+
+    with released_at_end():  # the output folder's lock (pipeline.run.lock)
+        return run_command(run_curriculum, argv, _help)
 
 
 def _help() -> str:
@@ -212,6 +215,7 @@ def _restore_latest(model, memory, layout, state):
 
 def _export(model, tokenizer, run, layout) -> None:
     """Merged 16-bit and GGUF copies of the final policy, when asked for."""
+    from curriculum.atomic import umask_modes
     from pipeline.models.backend import unsloth_patches_trainers
 
     if run.save_merged:
@@ -223,6 +227,7 @@ def _export(model, tokenizer, run, layout) -> None:
 
             merge_adapter(model, layout.final).save_pretrained(target)  # a 4-bit base dequantized
             tokenizer.save_pretrained(target)
+        umask_modes(target)  # safetensors writes its weights owner-only
         logger.info(f"merged model saved to {target}")
     if run.save_gguf:
         model.save_pretrained_gguf(

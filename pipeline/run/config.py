@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from curriculum.atomic import atomic_write_json
 from curriculum.controller import CurriculumConfig
+from curriculum.tasks.dataset_task import DatasetConfig
 from pipeline.layout import RunLayout
 from pipeline.models.backend import BACKEND_ENV, BACKENDS, activate_backend, resolve_backend
 from pipeline.models.loading import ModelConfig
@@ -35,6 +36,8 @@ from pipeline.options import (
 from pipeline.run.distributed import backend_for_processes, launched_processes
 
 PROG = "python -m pipeline.run"
+# The `dataset` family's options, named in --task_config's help (they live in its config).
+DATASET_OPTIONS = [f.name for f in fields(DatasetConfig)]
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
@@ -43,12 +46,18 @@ class RunConfig:
     """What to train on, how it is rewarded, the warm-up, and what the run writes."""
 
     task: str = field(
-        default="arithmetic", metadata={"help": "Task family (see curriculum.tasks.list_tasks())."}
+        default="arithmetic",
+        metadata={
+            "help": "Task family (see curriculum.tasks.list_tasks()), or your own Task subclass "
+            "as package.module:ClassName (docs/own_task.md)."
+        },
     )
     task_config: str = field(  # a mapping from YAML, a JSON string from the command line
         default_factory=dict,
         metadata={
-            "help": 'Task options: a YAML mapping, or JSON on the command line, e.g. \'{"dataset": "chain_sum"}\'.'
+            "help": "Task options: a YAML mapping, or JSON on the command line, e.g. "
+            '\'{"dataset": "chain_sum"}\'. The dataset family\'s: '
+            f"{', '.join(DATASET_OPTIONS)} (docs/tasks.md)."
         },
     )
     reward_signals: str = field(  # a mapping from YAML, a JSON string from the command line
@@ -271,6 +280,11 @@ def _json_values(value: Any) -> Any:
     return value
 
 
+# Recorded beside the options, derived from them: `task_class` is where the class of
+# `task` lives (module:Class), so that a resume and pipeline.evaluate find a user's task.
+RECORDED_ONLY = frozenset({"task_class"})
+
+
 def check_resume_config(output_dir: Path, config: dict[str, Any]) -> None:
     """On a resume, refuse `config` if an option outside RESUME_SAFE_OPTIONS differs from
     the one the run started with (its run_config.json; a run without one is not checked)."""
@@ -293,7 +307,7 @@ def check_resume_config(output_dir: Path, config: dict[str, Any]) -> None:
     differing = sorted(
         key
         for key in set(started) | set(config)
-        if key not in RESUME_SAFE_OPTIONS and started.get(key) != config.get(key)
+        if key not in RESUME_SAFE_OPTIONS | RECORDED_ONLY and started.get(key) != config.get(key)
     )
     if differing:
         changes = "; ".join(f"{k}: {started.get(k)!r} -> {config.get(k)!r}" for k in differing)

@@ -9,10 +9,14 @@ TEXTS = {
         "\n"
         "options:\n"
         "  -h, --help            show this help message and exit\n"
-        "  --task TASK           Task family (see curriculum.tasks.list_tasks()). (default: arithmetic)\n"
+        "  --task TASK           Task family (see curriculum.tasks.list_tasks()), or your own Task subclass\n"
+        "                        as package.module:ClassName (docs/own_task.md). (default: arithmetic)\n"
         "  --task_config TASK_CONFIG, --task-config TASK_CONFIG\n"
         '                        Task options: a YAML mapping, or JSON on the command line, e.g. \'{"dataset":\n'
-        '                        "chain_sum"}\'. (default: {})\n'
+        "                        \"chain_sum\"}'. The dataset family's: reveal_answer, path, split,\n"
+        "                        prompt_column, answer_column, difficulty_column, difficulty_order,\n"
+        "                        system_prompt, match, held_out_fraction, held_out_column (docs/tasks.md).\n"
+        "                        (default: {})\n"
         "  --reward_signals REWARD_SIGNALS, --reward-signals REWARD_SIGNALS\n"
         "                        Reward signal -> weight (they become reward_funcs and reward_weights); a\n"
         '                        YAML mapping or JSON, e.g. \'{"correctness": 0.7, "milestones": 0.3}\'.\n'

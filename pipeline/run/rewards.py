@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from curriculum.tasks import Task
+from pipeline.evaluate.run_folder import stage_eval_weights
 from rewards import GenerationsLog, Scorer, build_feedback_func, build_reward_funcs
 
 
@@ -70,6 +71,4 @@ def build_run_rewards(
             device=device,
             program_feedback=programs_count,
         )
-    return RunRewards(
-        funcs, weights, feedback, dict(run.reward_signals) if programs_count else None
-    )
+    return RunRewards(funcs, weights, feedback, stage_eval_weights(run.reward_signals))

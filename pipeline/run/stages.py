@@ -8,16 +8,16 @@ import json
 import logging
 import math
 import shutil
-from collections import Counter
 from pathlib import Path
 
 from datasets import Dataset
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from curriculum.atomic import atomic_write_json, atomic_write_text
+from curriculum.atomic import atomic_write_json, atomic_write_text, umask_modes
 from curriculum.controller import CurriculumController
 from curriculum.tasks import Task
+from pipeline.evaluate.held_out import stage_rows, stage_seed, trained_prompts
 from pipeline.layout import CONTROLLER_FILE, RunLayout
 from pipeline.run.checkpoints import kill_point
 from pipeline.run.distributed import all_processes, is_main_process, wait_for_everyone
@@ -27,17 +27,13 @@ logger = logging.getLogger(__name__)
 
 
 def stage_dataset(task: Task, controller: CurriculumController, n: int, seed: int) -> Dataset:
-    """`n` prompts for the running stage: its level, plus replayed easier levels."""
-    levels = controller.replay_levels(n, seed=seed)
-    rows = []
-    for level, count in sorted(Counter(levels).items()):
-        # Seeds stay below 10**6, where the held-out evaluation prompts start.
-        rows += task.generate(level, count, seed=seed + 1_000 * level)
-    return Dataset.from_list(rows)
-
-
-def stage_seed(base_seed: int, stage: int) -> int:
-    return base_seed + 10_000 * stage
+    """`n` prompts for the running stage: its level, plus replayed easier levels. Seeds stay
+    below 10**6, where the held-out evaluation prompts start; `trained_prompts` draws them
+    again for the evaluation to hold out."""
+    config = controller.config
+    return Dataset.from_list(
+        stage_rows(task, controller.level, n, seed, config.replay_fraction, config.start_level)
+    )
 
 
 def stage_args(args, output_dir: Path, max_steps: int, reward_weights: list[float]):
@@ -107,6 +103,7 @@ class CurriculumCallback(TrainerCallback):
         wait_for_everyone()
         checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         if checkpoint.exists() and state.is_world_process_zero:
+            umask_modes(checkpoint)  # the trainer's weights, which safetensors writes owner-only
             atomic_write_json(checkpoint / CONTROLLER_FILE, self.controller.state_dict())
             kill_point("checkpoint", self.stage)
 
@@ -193,6 +190,15 @@ def run_stage(
     evaluation = None
     main_process = is_main_process()  # evaluates once over all prompts, and writes
     if run.eval_prompts and main_process:
+        trained = trained_prompts(  # every prompt of this level the run trained on so far
+            task,
+            level,
+            [(entry.stage, entry.level) for entry in state.stages],
+            prompts_per_stage=run.prompts_per_stage,
+            seed=args.seed,
+            replay_fraction=controller.config.replay_fraction,
+            start_level=controller.config.start_level,
+        )
         evaluation = evaluate_first_attempts(
             model,
             tokenizer,
@@ -201,6 +207,7 @@ def run_stage(
             run.eval_prompts,
             max_new_tokens=args.max_completion_length,
             weights=rewards.eval_weights,
+            trained=trained,
             progress=verbose(args.log_level) and not args.disable_tqdm,
         )
     kill_point("evaluated", stage)
@@ -235,7 +242,10 @@ def _summary(stage, level, steps, decision, r2, evaluation) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
     outcome = "promoted" if decision.promoted else f"plateau ({decision.action})"
+    score = fmt(evaluation.mean_reward if evaluation else None)
+    if evaluation and evaluation.trained:  # the level has too few problems to hold them out
+        score += f" ({evaluation.trained} of {evaluation.n} prompts trained on)"
     return (
         f"[stage {stage}] level {level} | {steps} steps | r1 {fmt(decision.r1_mean)} | r2 {fmt(r2)} | "
-        f"eval {fmt(evaluation.mean_reward if evaluation else None)} | {outcome}"
+        f"eval {score} | {outcome}"
     )
