@@ -204,7 +204,7 @@ def test_parameter_defaults_are_the_recipe_values():
     assert values["SMOKE_TEST"] is False and values["RESUME"] is True and values["EXTRA_ARGS"] == []
     assert values["PUSH_TO_HUB"] is False
     for name, key in [("OUTPUT_DIR", "output_dir"), ("MODEL", "model_name_or_path"),
-                      ("TASK", "task"), ("REWARD_SIGNALS", "reward_signals"),
+                      ("METHOD", "method"), ("TASK", "task"), ("REWARD_SIGNALS", "reward_signals"),
                       ("NUM_STAGES", "num_stages"), ("MAX_LEVEL", "max_level"),
                       ("PROMOTE_THRESHOLD", "promote_threshold")]:  # fmt: skip
         assert values[name] == recipe[key], name

@@ -63,9 +63,11 @@ def run_curriculum(argv: list[str]) -> int:
     model_config.backend = backend  # resolved once: the loader and run_config.json read this
     config = resolved_config(run, model_config, curriculum_config, args)
     main_process = distributed.is_main_process()  # the one that writes the run's files
-    logging.basicConfig(
-        level=logging.INFO if main_process else logging.WARNING, format="%(message)s"
-    )
+    level = logging.INFO if main_process else logging.WARNING
+    logging.basicConfig(level=level, format="%(message)s")
+    # Unsloth gives the root logger its own handler at import, which makes basicConfig a
+    # no-op and left the root at WARNING: the run's own lines would not print.
+    logging.getLogger("pipeline").setLevel(level)
     if distributed.launched_processes() > 1:
         logger.info(distributed.describe())
 

@@ -35,13 +35,22 @@ from pipeline.options import (
 from pipeline.run.distributed import backend_for_processes, launched_processes
 
 PROG = "python -m pipeline.run"
+METHODS = ("erl", "grpo", "sdpo")
+"""The trainers a run can train with (`pipeline.run.methods`); erl is the default."""
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
 @dataclass
 class RunConfig:
-    """What to train on, how it is rewarded, the warm-up, and what the run writes."""
+    """How to train, on what, how it is rewarded, the warm-up, and what the run writes."""
 
+    method: str = field(
+        default="erl",
+        metadata={
+            "help": "Training method: erl (ERLTrainer), grpo (the backend's GRPOTrainer) or sdpo "
+            "(TRL's SDPOTrainer, the task's feedback as the teacher's context)."
+        },
+    )
     task: str = field(
         default="arithmetic", metadata={"help": "Task family (see curriculum.tasks.list_tasks())."}
     )
@@ -132,6 +141,10 @@ class RunConfig:
 
     def validate(self) -> None:
         """Parse mapping options given as JSON and reject bad values, naming them."""
+        if self.method not in METHODS:
+            raise UsageError(
+                "--method: unknown method", self.method, f"choose {', '.join(METHODS)}"
+            )
         self.task_config = _mapping("task_config", self.task_config)
         self.reward_signals = _mapping("reward_signals", self.reward_signals)
         from pipeline.reward_model.signals import (
@@ -277,7 +290,7 @@ def check_resume_config(output_dir: Path, config: dict[str, Any]) -> None:
     path = RunLayout(output_dir).run_config
     if not path.exists():
         return
-    started = json.loads(path.read_text())
+    started = {"method": "erl"} | json.loads(path.read_text())  # older runs: always ERL
     differing = sorted(
         key
         for key in set(started) | set(config)

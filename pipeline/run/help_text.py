@@ -9,6 +9,9 @@ TEXTS = {
         "\n"
         "options:\n"
         "  -h, --help            show this help message and exit\n"
+        "  --method METHOD       Training method: erl (ERLTrainer), grpo (the backend's GRPOTrainer) or sdpo\n"
+        "                        (TRL's SDPOTrainer, the task's feedback as the teacher's context). (default:\n"
+        "                        erl)\n"
         "  --task TASK           Task family (see curriculum.tasks.list_tasks()). (default: arithmetic)\n"
         "  --task_config TASK_CONFIG, --task-config TASK_CONFIG\n"
         '                        Task options: a YAML mapping, or JSON on the command line, e.g. \'{"dataset":\n'
