@@ -19,8 +19,11 @@ leaves the output folder as it was. The output folder it writes is described in
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.options import UsageError, run_command
 
@@ -41,8 +44,22 @@ def _help() -> str:
     return stored_help(stored, PROG) or run_parser().format_help()
 
 
-def run_curriculum(argv: list[str]) -> int:
+@dataclass
+class RunHooks:
+    """What a caller that runs curricula in this process (`pipeline.compare`) adds to a run:
+    `start_from`, a saved policy (a `final/` folder) to start from instead of the recipe's
+    warm-up, which is then saved as the run's `warmup/`; `stage_callbacks(trainer,
+    controller)`, more TrainerCallbacks for each stage's trainer; `stop()`, true once the
+    run should end after its running stage (a spent budget)."""
+
+    start_from: Path | None = None
+    stage_callbacks: Callable[[Any, Any], list] | None = None
+    stop: Callable[[], bool] = lambda: False
+
+
+def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     """The run itself, top to bottom; a refused option raises UsageError before any write."""
+    hooks = hooks or RunHooks()
     from pipeline.run.config import peek_log_level, verbose
 
     quiet = not verbose(peek_log_level(argv))
@@ -128,8 +145,15 @@ def run_curriculum(argv: list[str]) -> int:
     if restored:
         logger.info(f"resuming {layout.root} from {restored}")
 
-    # ---- Warm-up: teach the answer format on reference solutions (once per run).
-    if run.warmup_sft_steps and restored is None:
+    # ---- Warm-up: teach the answer format on reference solutions (once per run), or
+    # start from a policy the caller gives (a warm-up several runs share).
+    if hooks.start_from is not None and restored is None:
+        from pipeline.run.checkpoints import load_policy_weights
+
+        load_policy_weights(model, hooks.start_from)
+        if main_process:
+            save_policy(model, tokenizer, memory, layout.warmup, atomic=True)
+    elif run.warmup_sft_steps and restored is None:
         from pipeline.run.warmup import sft_warmup
 
         logger.info(
@@ -154,7 +178,7 @@ def run_curriculum(argv: list[str]) -> int:
     # ---- The stages: train until promoted or out of steps, evaluate, save, plot.
     from pipeline.run.stages import run_stage
 
-    while not controller.finished:
+    while not controller.finished and not hooks.stop():
         run_stage(
             model=model,
             tokenizer=tokenizer,
@@ -167,6 +191,7 @@ def run_curriculum(argv: list[str]) -> int:
             rewards=rewards,
             generations_log=generations_log,
             layout=layout,
+            extra_callbacks=hooks.stage_callbacks,
         )
 
     # ---- The final model, and optional merged / GGUF exports.

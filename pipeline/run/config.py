@@ -288,22 +288,28 @@ def check_resume_config(output_dir: Path, config: dict[str, Any]) -> None:
     """On a resume, refuse `config` if an option outside RESUME_SAFE_OPTIONS differs from
     the one the run started with (its run_config.json; a run without one is not checked)."""
     path = RunLayout(output_dir).run_config
-    if not path.exists():
-        return
-    started = {"method": "erl"} | json.loads(path.read_text())  # older runs: always ERL
-    differing = sorted(
-        key
-        for key in set(started) | set(config)
-        if key not in RESUME_SAFE_OPTIONS and started.get(key) != config.get(key)
-    )
-    if differing:
-        changes = "; ".join(f"{k}: {started.get(k)!r} -> {config.get(k)!r}" for k in differing)
+    changes = config_changes(path, config)
+    if changes:
         raise UsageError(
             f"--resume true: the run in {output_dir} started with other options",
             changes,
             f"resume with the options in {path}, or start a new run in another --output_dir "
             f"(a resume may change {', '.join(sorted(RESUME_SAFE_OPTIONS))})",
         )
+
+
+def config_changes(path: Path, config: dict[str, Any]) -> str:
+    """The options outside RESUME_SAFE_OPTIONS in which `config` differs from the run_config.json
+    at `path`, as "name: old -> new; ..." ("" when none differs or there is no such file)."""
+    if not path.exists():
+        return ""
+    started = {"method": "erl"} | json.loads(path.read_text())  # older runs: always ERL
+    differing = sorted(
+        key
+        for key in set(started) | set(config)
+        if key not in RESUME_SAFE_OPTIONS and started.get(key) != config.get(key)
+    )
+    return "; ".join(f"{k}: {started.get(k)!r} -> {config.get(k)!r}" for k in differing)
 
 
 def record_config(output_dir: Path, config: dict[str, Any]) -> None:

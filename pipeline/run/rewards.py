@@ -70,6 +70,10 @@ def build_run_rewards(
             device=device,
             program_feedback=programs_count,
         )
-    return RunRewards(
-        funcs, weights, feedback, dict(run.reward_signals) if programs_count else None
-    )
+    return RunRewards(funcs, weights, feedback, eval_weights(run))
+
+
+def eval_weights(run: Any) -> dict[str, float] | None:
+    """What a held-out evaluation of `run` scores: its program signals as r1 weighs them,
+    or None (the task's own reward) when every program weight is 0."""
+    return dict(run.reward_signals) if any(run.reward_signals.values()) else None

@@ -139,10 +139,10 @@ def run_stage(
     rewards,
     generations_log,
     layout: RunLayout,
-    callbacks: tuple = (),
+    extra_callbacks=None,
 ) -> None:
     """Train the controller's running stage to its end, evaluate, save, record and plot.
-    `callbacks`: more TrainerCallbacks for the stage's trainer.
+    `extra_callbacks(trainer, controller)`: more TrainerCallbacks for the stage's trainer.
 
     The order keeps a killed run resumable: the stage folder is complete (policy, metrics,
     plot) before the state file marks the stage finished, and untouched after; until then
@@ -187,8 +187,8 @@ def run_stage(
     )
     callback = CurriculumCallback(trainer, controller, layout.stage_metrics(stage), step_offset)
     trainer.add_callback(callback)
-    for extra in callbacks:  # e.g. pipeline.compare's budget and held-out evaluations
-        trainer.add_callback(extra)
+    for extra in extra_callbacks(trainer, controller) if extra_callbacks else []:
+        trainer.add_callback(extra)  # after the curriculum's: e.g. pipeline.compare's budget
     show_stage_progress(trainer, args, controller, layout, run.method)  # not per-step dicts
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     kill_point("trained", stage)
