@@ -93,34 +93,39 @@ def compare(argv: list[str]) -> int:
 
     # ---- The shared warm-up, then the runs, seed by seed.
     from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     records = {}
-    bar = tqdm(total=len(specs), desc="compare", unit="run", dynamic_ncols=True, mininterval=2)
     start = None
-    for spec in specs:
-        bar.set_postfix_str(spec.label)
-        if spec in finished:
-            records[spec] = finished[spec]
+    # The runs' own lines (stage lines, warnings) print above the bar, not through it.
+    with (
+        logging_redirect_tqdm(),
+        tqdm(
+            total=len(specs), desc="compare", unit="run", dynamic_ncols=True, mininterval=2
+        ) as bar,
+    ):
+        for spec in specs:
+            bar.set_postfix_str(spec.label)
+            if spec in finished:
+                records[spec] = finished[spec]
+                bar.update(1)
+                continue
+            start = start or ensure_warmup(user_argv, root / "warmup")
+            recorder = Recorder(
+                budget=config.budget if config.budget_unit != "steps" or config.budget else None,
+                unit=config.budget_unit,
+                scope=config.budget_scope,
+                eval_every=config.eval_every,
+                evaluate=held_out_evaluator(
+                    task, level, run.eval_prompts, args.max_completion_length, eval_weights(run)
+                ),
+                progress=lambda text, label=spec.label: bar.set_postfix_str(
+                    f"{label}: {text}", refresh=False
+                ),
+            )
+            argv_of_run = run_argv(user_argv, spec, config)
+            records[spec] = train_run(spec, argv_of_run, start, recorder, settings[spec])
             bar.update(1)
-            continue
-        start = start or ensure_warmup(user_argv, root / "warmup")
-        recorder = Recorder(
-            budget=config.budget if config.budget_unit != "steps" or config.budget else None,
-            unit=config.budget_unit,
-            scope=config.budget_scope,
-            eval_every=config.eval_every,
-            evaluate=held_out_evaluator(
-                task, level, run.eval_prompts, args.max_completion_length, eval_weights(run)
-            ),
-            progress=lambda text, label=spec.label: bar.set_postfix_str(
-                f"{label}: {text}", refresh=False
-            ),
-        )
-        records[spec] = train_run(
-            spec, run_argv(user_argv, spec, config), start, recorder, settings[spec]
-        )
-        bar.update(1)
-    bar.close()
 
     # ---- The figures, comparison.json and comparison.png.
     methods = config.method_list()

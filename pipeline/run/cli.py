@@ -1,7 +1,9 @@
-"""Run the curriculum: an ERL-trained policy, stage by stage, on a task with levels.
+"""Run the curriculum: a policy trained with ERL (or GRPO, SDPO), stage by stage, on a task
+with levels.
 
     python -m pipeline.run                                   # configs/tiny.yaml, offline CPU demo
     python -m pipeline.run --config configs/qwen2.5-1.5b.yaml
+    python -m pipeline.run --config configs/tiny.yaml --method grpo --output_dir runs/grpo
     python -m pipeline.run --config configs/tiny.yaml --output_dir runs/x --promote_threshold 0.5
     python -m pipeline.run --config configs/tiny.yaml --output_dir runs/x --resume true
     python -m pipeline.run --log_level info                  # also print every step's metrics
