@@ -109,3 +109,34 @@ def test_a_method_runs_the_curriculum_on_unsloths_backend(tiny_model_dir, tmp_pa
     assert state["finished"] and [s["status"] for s in state["stages"]] == ["promoted"] * 2
     if method == "grpo":
         assert "Unsloth" in printed  # its generated trainer's notes
+
+
+def test_each_methods_r1_is_read_and_the_plots_name_the_method(tmp_path, monkeypatch):
+    """r1 under the key each trainer logs it (ERL's own, GRPO's `reward`, SDPO's
+    diagnostics), and the run's plot titled with the method of its run_config.json."""
+    from pipeline.layout import RunLayout
+    from pipeline.run import plots
+
+    assert plots.first_attempt_reward({"erl/r1_mean": 0.25, "reward": 0.5}) == 0.25
+    assert plots.first_attempt_reward({"reward": 0.5}) == 0.5
+    assert plots.first_attempt_reward({"self_distillation/reward_mean": 0.75}) == 0.75
+    assert plots.first_attempt_reward({"loss": 1.0}) is None
+    layout = RunLayout(tmp_path)
+    (tmp_path / "run_config.json").write_text(json.dumps({"method": "sdpo"}))
+    layout.stage(1).mkdir()
+    records = [{"step": s, "self_distillation/reward_mean": s / 10} for s in (1, 2, 3)]
+    layout.stage_metrics(1).write_text("".join(json.dumps(r) + "\n" for r in records))
+    titles = []
+    real = plots.build_figure
+
+    def spy(history, **kwargs):
+        fig = real(history, **kwargs)
+        titles.append((kwargs.get("title"), [list(line.get_ydata()) for line in fig.axes[0].lines]))
+        return fig
+
+    monkeypatch.setattr(plots, "build_figure", spy)
+    plots.plot_run(tmp_path)
+    assert titles[0][0] == f"SDPO reward curves: {tmp_path.name}" and titles[1][0].endswith(
+        "· SDPO"
+    )
+    assert [0.1, 0.2, 0.3] in titles[0][1]  # SDPO's r1 is drawn
