@@ -49,6 +49,7 @@ def compare(argv: list[str]) -> int:
     check_policy_path_early(user_argv)  # a typo in a local path is named in a second
     backend = choose_backend(user_argv)
     config = parse_compare_options(own)
+    _one_thread_on_a_cpu()
     run, _, curriculum, args = parse_run_config(user_argv)
     from pipeline.compare import report
     from pipeline.compare.runs import (
@@ -158,6 +159,19 @@ def compare(argv: list[str]) -> int:
     report.plot(root / "comparison.png", ran, f"{task.name} level {level}")
     print(f"wrote {root / 'comparison.json'} and {root / 'comparison.png'}")
     return 0 if not failed else 1
+
+
+def _one_thread_on_a_cpu() -> None:
+    """One torch thread on a CPU unless OMP_NUM_THREADS says otherwise, as the learning
+    bench and the tests use: the runs' seconds stay comparable, and on a CPU other jobs
+    share, two threads waiting on each other's cores made the tiny comparison several
+    times slower (docs/results.md)."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
 
 
 def _run_options(argv: list[str], backend: str) -> tuple[int, dict]:
