@@ -150,3 +150,25 @@ def test_a_token_budget_stops_runs_and_a_failing_run_is_reported(
     assert main(argv) == 0
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes  # read back, not retrained
     assert len(list(folder.glob("runs/sdpo-seed*/record.json"))) == 2
+
+
+def test_a_curriculum_budget_spans_stages_and_records_the_first_promotion(
+    tiny_model_dir, tmp_path, capsys
+):
+    """--budget_scope curriculum: the run's stages as they come (stage 1 promotes after its
+    2 steps and stage 2 starts), ended by a budget of 3 steps inside stage 2; the first
+    promotion is the controller's, at step 2."""
+    folder = tmp_path / "cmp"
+    argv = compare_args(tiny_model_dir, folder, "--methods", "grpo,sdpo", "--seeds", "2",
+                        "--budget", "3", "--budget_scope", "curriculum", "--eval_every", "2",
+                        "--promote_threshold", "-0.5", "--max_stage_steps", "4")  # fmt: skip
+    assert main(argv) == 0
+    assert "2/2 runs promoted; steps 2.0" in capsys.readouterr().out
+    for run in json.loads((folder / "comparison.json").read_text())["runs"]:
+        assert [s["step"] for s in run["steps"]] == [1, 2, 3]
+        assert run["promotion"]["step"] == 2 and [e["step"] for e in run["evals"]] == [0, 2, 3]
+        state = json.loads((folder / "runs" / f"{run['method']}-seed{run['seed']}" / "curriculum_state.json").read_text())  # fmt: skip
+        assert [(s["level"], s["status"], s["steps"]) for s in state["stages"]] == [
+            (1, "promoted", 2),
+            (2, "plateau", 1),
+        ]
