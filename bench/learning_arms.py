@@ -427,72 +427,13 @@ class CountingERL(ERLTrainer):
 
 
 def counting_sdpo():
-    """SDPOTrainer that counts its generated tokens and keeps its first attempts' rewards,
-    as CountingERL does, and that can give the teacher each rollout's own feedback (built
-    on first use: trl.experimental warns on import).
+    """The product's SDPO trainer (`pipeline.sdpo.trainer.FeedbackSDPOTrainer`): TRL's
+    SDPOTrainer that counts its generated tokens, keeps its first attempts' rewards, as
+    CountingERL does, and, given `rollout_feedback=feedback_func`, gives the teacher each
+    rollout's own feedback (imported on first use: trl.experimental warns on import)."""
+    from pipeline.sdpo.trainer import FeedbackSDPOTrainer
 
-    Per-rollout feedback: TRL 1.15 takes one `privileged_context` per dataset row, fixed
-    before training, and shows it to every rollout of the prompt. Given
-    `rollout_feedback=feedback_func`, the trainer instead scores each rollout's feedback
-    with that function (the text ERL's reflection reads for it) right after its reward,
-    empty for a rollout that succeeded (ERL reflects only on failures), and hands those
-    texts to TRL's own teacher-prompt builder in place of the dataset's column. Everything
-    else (which sibling is shown, `environment_feedback_only_without_solution`, the
-    templates) stays TRL's."""
-    from trl.experimental.sdpo import SDPOTrainer
-    from trl.experimental.sdpo.sdpo_trainer import SuccessfulRolloutTeacherContextBuilder
-
-    class RolloutFeedbackTeacher(SuccessfulRolloutTeacherContextBuilder):
-        """TRL's teacher-prompt builder, fed the feedback on each rollout."""
-
-        def build(self, output, prompts, rewards, feedbacks=None):
-            return super().build(output, prompts, rewards, self.trainer.pop_rollout_feedback())
-
-    class CountingSDPO(SDPOTrainer):
-        generated_tokens = 0
-
-        def __init__(self, *args, rollout_feedback=None, **kwargs):
-            super().__init__(*args, **kwargs)
-            self._first_attempt_log: list[tuple[float, dict]] = []
-            self.rollout_feedback, self._feedback = rollout_feedback, None
-            if rollout_feedback is not None:
-                self.teacher_context_builder = RolloutFeedbackTeacher(self)
-
-        def _generate(self, prompt_ids):
-            prompt_ids, completion_ids = super()._generate(prompt_ids)
-            if self.model.training:
-                self.generated_tokens += sum(len(ids) for ids in completion_ids)
-            return prompt_ids, completion_ids
-
-        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-            weights = self.reward_weights.to(rewards.device).unsqueeze(0)
-            start = self.accelerator.process_index * len(prompts)  # rewards are gathered
-            total = (rewards * weights).nansum(dim=1)[start : start + len(prompts)].tolist()
-            if self.model.training:
-                self._first_attempt_log.extend(zip(total, inputs))
-            if self.rollout_feedback is not None:
-                columns = {
-                    k: [row[k] for row in inputs]
-                    for k in inputs[0]
-                    if k not in ("prompt", "completion", "completion_ids")
-                }
-                texts = self.rollout_feedback(prompts=prompts, completions=completions, **columns)
-                threshold = self.args.success_reward_threshold
-                self._feedback = ["" if r >= threshold else t for r, t in zip(total, texts)]
-            return rewards
-
-        def pop_rollout_feedback(self) -> list[str]:
-            feedback, self._feedback = self._feedback, None
-            if feedback is None:
-                raise RuntimeError("no rollout feedback: the rewards were not scored first")
-            return feedback
-
-        def pop_first_attempts(self):
-            log, self._first_attempt_log = self._first_attempt_log, []
-            return log
-
-    return CountingSDPO
+    return FeedbackSDPOTrainer
 
 
 RETRY_LOG: list[dict] = []

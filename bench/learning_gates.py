@@ -39,11 +39,11 @@ from learning_arms import (
     make_funcs,
     make_task,
 )
-from learning_stats import paired
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from curriculum.tasks import get_task
 from pipeline import ERLConfig, build_tiny_model
+from pipeline.compare.stats import paired
 from pipeline.erl.prompts import memory_text, reflection_prompt, retry_prompt
 from pipeline.evaluate.first_attempts import generate_completions
 from pipeline.run.warmup import reference_dataset, sft_warmup, warmup_config

@@ -16,8 +16,8 @@ import statistics
 from pathlib import Path
 
 from learning_arms import BASELINES, is_sdpo, make_task
-from learning_stats import Interval, interval, paired
 
+from pipeline.compare.stats import Interval, interval, paired, value_at
 from pipeline.erl.memory import lesson_problem
 
 MEASURES = {"equal_steps": "at equal steps", "equal_tokens": "at equal tokens (GRPO's total)"}
@@ -38,11 +38,7 @@ def crossing(run: dict, threshold: float, window: int) -> dict | None:
 def success_at(run: dict, key: str, value: float, field: str = "success") -> float:
     """Held-out success at `value` steps or tokens, interpolated between evaluations (the
     last evaluation's where the run ends before `value`)."""
-    points = [(0, run["start"][field])] + [(e[key], e[field]) for e in run["evals"]]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x0 <= value <= x1:
-            return y0 + (y1 - y0) * (value - x0) / max(x1 - x0, 1e-9)
-    return points[-1][1]
+    return value_at([(0, run["start"][field])] + [(e[key], e[field]) for e in run["evals"]], value)
 
 
 def r1_curve(run: dict, every: int) -> list[tuple[int, int, float, float]]:

@@ -24,6 +24,8 @@ LIBRARIES = ("transformers", "trl")
 
 def parsers() -> dict[str, dict[str, object]]:
     """Package folder -> {prog: its parser}."""
+    from pipeline.compare.config import PROG as COMPARE
+    from pipeline.compare.config import compare_parser
     from pipeline.evaluate.cli import PROG as EVALUATE
     from pipeline.evaluate.cli import evaluator_parser
     from pipeline.models.backend import activate_backend
@@ -38,6 +40,7 @@ def parsers() -> dict[str, dict[str, object]]:
     return {
         "pipeline/run": {RUN: run_parser()},
         "pipeline/evaluate": {EVALUATE: evaluator_parser()},
+        "pipeline/compare": {COMPARE: compare_parser()},
         "pipeline/reward_model": {
             REWARD_MODEL: reward_model_parser(),
             COLLECT: collector_parser(),

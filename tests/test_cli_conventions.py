@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.compare.cli import main as compare
 from pipeline.evaluate.cli import main as evaluate
 from pipeline.models.backend import activate_backend
 from pipeline.reward_model.cli import main as reward_model
@@ -26,6 +27,7 @@ COMMANDS = {
     "python -m pipeline.evaluate": evaluate,
     "python -m pipeline.reward_model": reward_model,
     "python -m pipeline.reward_model.collect": collect,
+    "python -m pipeline.compare": compare,
 }
 
 
@@ -44,6 +46,8 @@ def test_the_stored_help_is_each_parsers_own():
     must be what the parser prints. After changing an option: python scripts/write_cli_help.py"""
     if activate_backend() != "transformers":
         pytest.skip("the stored texts are the transformers backend's")
+    from pipeline.compare import help_text as compare_help
+    from pipeline.compare.config import compare_parser
     from pipeline.evaluate import help_text as evaluate_help
     from pipeline.evaluate.cli import evaluator_parser
     from pipeline.options import stored_help
@@ -58,6 +62,7 @@ def test_the_stored_help_is_each_parsers_own():
         (evaluate_help, "python -m pipeline.evaluate", evaluator_parser),
         (reward_model_help, "python -m pipeline.reward_model", reward_model_parser),
         (reward_model_help, "python -m pipeline.reward_model.collect", collector_parser),
+        (compare_help, "python -m pipeline.compare", compare_parser),
     ]:
         assert stored_help(module, prog) == parser().format_help(), (
             f"{prog} --help is stale: run python scripts/write_cli_help.py"
@@ -82,11 +87,13 @@ def test_help_and_a_missing_local_model_import_neither_torch_nor_trl(tmp_path):
         "from pipeline.evaluate.cli import main as evaluate\n"
         "from pipeline.reward_model.cli import main as reward_model\n"
         "from pipeline.reward_model.collect import main as collect\n"
+        "from pipeline.compare.cli import main as compare\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    codes = [main(['--help']) for main in (run, evaluate, reward_model, collect)]\n"
+        "    codes = [main(['--help']) for main in (run, evaluate, reward_model, collect, compare)]\n"
         f"codes.append(run(['--model_name_or_path', {missing!r}, '--build_tiny_model', 'false']))\n"
         f"codes.append(evaluate(['--model', {missing!r}, '--task', 'arithmetic', '--level', '1']))\n"
         f"codes.append(collect(['--model', {missing!r}, '--task', 'x', '--level', '1', '--output', 'o']))\n"
+        f"codes.append(compare(['--model_name_or_path', {missing!r}, '--build_tiny_model', 'false']))\n"
         "import runpy\n"
         "sys.argv = ['examples/quickstart.py', '--help']\n"
         "with contextlib.redirect_stdout(io.StringIO()) as quickstart:\n"
@@ -98,10 +105,10 @@ def test_help_and_a_missing_local_model_import_neither_torch_nor_trl(tmp_path):
         "print(codes, sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))\n"
     )
     # The quickstart too answers --help before it imports anything, let alone trains.
-    assert done.stdout.strip() == "[0, 0, 0, 0, 2, 2, 2, 0] []", done.stdout + done.stderr
+    assert done.stdout.strip() == "[0, 0, 0, 0, 0, 2, 2, 2, 2, 0] []", done.stdout + done.stderr
     errors = done.stderr.splitlines()
     assert errors == [f"error: --model_name_or_path ({missing}): no such folder: check the path "
-                      "(a hub id is namespace/name)"] * 3  # fmt: skip
+                      "(a hub id is namespace/name)"] * 4  # fmt: skip
 
 
 def test_old_spellings_are_aliases_with_a_notice(tiny_model_dir, tmp_path, capsys):

@@ -275,8 +275,8 @@ def test_a_removed_erl_option_is_one_line_on_the_command_line_in_a_recipe_and_on
     before = folder_state(out)
     line = refusal(capsys, run(run_argv("--resume", "true")))
     assert line == (
-        f"error: --resume true: the run in {out} started with option train_retries, which no "
-        "longer exists (False): ERLConfig option train_retries was removed: it measured "
+        f"error: the run in {out} started with option train_retries, which no longer exists "
+        "(False): ERLConfig option train_retries was removed: it measured "
         "nothing on the learning bench (docs/log.md, 2026-12-02); start a new run in another "
         "--output_dir"
     )

@@ -204,7 +204,7 @@ def test_parameter_defaults_are_the_recipe_values():
     assert values["SMOKE_TEST"] is False and values["RESUME"] is True and values["EXTRA_ARGS"] == []
     assert values["PUSH_TO_HUB"] is False
     for name, key in [("OUTPUT_DIR", "output_dir"), ("MODEL", "model_name_or_path"),
-                      ("TASK", "task"), ("REWARD_SIGNALS", "reward_signals"),
+                      ("METHOD", "method"), ("TASK", "task"), ("REWARD_SIGNALS", "reward_signals"),
                       ("NUM_STAGES", "num_stages"), ("MAX_LEVEL", "max_level"),
                       ("PROMOTE_THRESHOLD", "promote_threshold")]:  # fmt: skip
         assert values[name] == recipe[key], name
@@ -280,7 +280,12 @@ def test_notebook_runs_on_cpu_with_the_tiny_model(tiny_model_dir, tmp_path, monk
     command = text_of(run_cell).splitlines()[0].split()
     assert command[:4] == ["python", "-m", "pipeline.run", "--config"] and command[4] == RECIPE_PATH
     given = {word[2:] for word in command[5:] if word.startswith("--")}
-    parameters = {"task", "reward_signals", "promote_threshold"}  # = the recipe's (tested above)
+    parameters = {
+        "method",
+        "task",
+        "reward_signals",
+        "promote_threshold",
+    }  # = the recipe's (tested above)
     assert given <= set(SMOKE_OVERRIDES) | set(CPU_OVERRIDES) | parameters, given
     # ... and every option the recipe sets kept its value but for those overrides.
     started = json.loads((out / "run_config.json").read_text())

@@ -1,7 +1,8 @@
 """The layering, read from the imports: every import points down, and none goes in a circle.
 
     curriculum  <-  rewards  <-  pipeline
-    inside pipeline:  layout, models, options  <-  erl  <-  evaluate  <-  reward_model  <-  run
+    inside pipeline:  layout, models, options  <-  erl, sdpo  <-  evaluate  <-  reward_model
+                      <-  run  <-  compare
 
 A module may import its own unit and the units below it, never one above or beside it;
 the algorithm (`pipeline.erl`) never imports the run. Imports inside functions count too:
@@ -25,10 +26,12 @@ LAYERS = {
     "pipeline.models": 2,
     "pipeline.options": 2,
     "pipeline.erl": 3,
+    "pipeline.sdpo": 3,  # beside erl: neither imports the other
     "pipeline.evaluate": 4,
     "pipeline.reward_model": 5,
     "pipeline.run": 6,
-    "pipeline": 7,  # pipeline/__init__.py: the public API, which may name anything
+    "pipeline.compare": 7,  # runs curricula: above the run
+    "pipeline": 8,  # pipeline/__init__.py: the public API, which may name anything
 }
 
 

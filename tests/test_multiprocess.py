@@ -279,6 +279,34 @@ def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_mod
     assert state["stages"][0]["eval_reward"] == pytest.approx(evaluation.mean_reward)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["grpo", "sdpo"])
+def test_grpo_and_sdpo_curriculum_runs_in_two_processes(tiny_model_dir, tmp_path, method):
+    """`--method grpo | sdpo` in 2 processes: both processes decide alike (the run ends,
+    stage by stage), the stage line comes from the main process only, and the run ends
+    with its folder's files, one metrics line per step."""
+    out = tmp_path / "run"
+    log = tmp_path / "run.log"
+    command = ["-m", "pipeline.run", *RUN_ARGS, "--model_name_or_path", tiny_model_dir,
+               "--output_dir", str(out), "--method", method]  # fmt: skip
+    run_two(*command, log=log)
+    text = log.read_text()
+    assert "2 processes (MULTI_CPU" in text and text.count(f"[stage 1] level 1 | {method}") == 1
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] is True
+    assert [(s["stage"], s["status"], s["steps"]) for s in state["stages"]] == [
+        (1, "promoted", 4),
+        (2, "promoted", 4),
+    ]
+    for stage in (1, 2):
+        metrics = [
+            json.loads(line)
+            for line in (out / f"stage_{stage}" / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert [m["stage_step"] for m in metrics if "loss" in m] == [1, 2, 3, 4]
+    assert (out / "final" / "model.safetensors").exists() and (out / "generations.jsonl").exists()
+
+
 def test_unsloth_backend_is_refused_under_several_processes():
     from pipeline.options import UsageError
     from pipeline.run.distributed import backend_for_processes

@@ -210,8 +210,8 @@ def test_tiny_run_writes_the_output_contract(tiny_model_dir, tmp_path, capfd, ca
 
     # The console: a bar per stage and the warm-up, the stage lines, warnings; no dicts.
     for stage in (1, 2):
-        assert f"stage {stage} · level {stage} " in console
-        assert re.search(rf"\[stage {stage}\] level {stage} \| \d steps \| r1 ", console)
+        assert f"stage {stage} · level {stage} · erl " in console
+        assert re.search(rf"\[stage {stage}\] level {stage} \| erl \| \d steps \| r1 ", console)
     assert "warm-up 10/10" in console and "r1=" in console and "gated=" in console
     # Each stage's reflections: the tiny model reflects on every failed attempt.
     assert re.search(r"\[stage 1\] reflections: [1-9]\d* written; memory: \d+ stored", console)
@@ -246,10 +246,10 @@ def stage_files(folder: Path) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for p in folder.iterdir() if p.is_file()}
 
 
-def run_process(command: list[str], kill_at: tuple[str, int] | None = None, *extra: str):
-    """Run `python -m pipeline.run` in a fresh process; with `kill_at` (point, stage) it
-    must SIGKILL itself there, else finish."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def run_process(command: list[str], kill_at: tuple[str, int] | None = None, *extra: str, env=None):
+    """Run `python -m pipeline.run` in a fresh process (`env`: more environment variables);
+    with `kill_at` (point, stage) it must SIGKILL itself there, else finish."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     if kill_at:
         env[KILL_POINT_ENV] = f"{kill_at[0]}:{kill_at[1]}"
     done = subprocess.run(

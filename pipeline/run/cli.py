@@ -1,7 +1,9 @@
-"""Run the curriculum: an ERL-trained policy, stage by stage, on a task with levels.
+"""Run the curriculum: a policy trained with ERL (or GRPO, SDPO), stage by stage, on a task
+with levels.
 
     python -m pipeline.run                                   # configs/tiny.yaml, offline CPU demo
     python -m pipeline.run --config configs/qwen2.5-1.5b.yaml
+    python -m pipeline.run --config configs/tiny.yaml --method grpo --output_dir runs/grpo
     python -m pipeline.run --config configs/tiny.yaml --output_dir runs/x --promote_threshold 0.5
     python -m pipeline.run --config configs/tiny.yaml --output_dir runs/x --resume true
     python -m pipeline.run --log_level info                  # also print every step's metrics
@@ -19,8 +21,11 @@ leaves the output folder as it was. The output folder it writes is described in
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.options import UsageError, run_command
 
@@ -44,8 +49,22 @@ def _help() -> str:
     return stored_help(stored, PROG) or run_parser().format_help()
 
 
-def run_curriculum(argv: list[str]) -> int:
+@dataclass
+class RunHooks:
+    """What a caller that runs curricula in this process (`pipeline.compare`) adds to a run:
+    `start_from`, a saved policy (a `final/` folder) to start from instead of the recipe's
+    warm-up, which is then saved as the run's `warmup/`; `stage_callbacks(trainer,
+    controller)`, more TrainerCallbacks for each stage's trainer; `stop()`, true once the
+    run should end after its running stage (a spent budget)."""
+
+    start_from: Path | None = None
+    stage_callbacks: Callable[[Any, Any], list] | None = None
+    stop: Callable[[], bool] = lambda: False
+
+
+def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     """The run itself, top to bottom; a refused option raises UsageError before any write."""
+    hooks = hooks or RunHooks()
     from pipeline.run.config import peek_log_level, verbose
 
     quiet = not verbose(peek_log_level(argv))
@@ -66,9 +85,11 @@ def run_curriculum(argv: list[str]) -> int:
     model_config.backend = backend  # resolved once: the loader and run_config.json read this
     config = resolved_config(run, model_config, curriculum_config, args)
     main_process = distributed.is_main_process()  # the one that writes the run's files
-    logging.basicConfig(
-        level=logging.INFO if main_process else logging.WARNING, format="%(message)s"
-    )
+    level = logging.INFO if main_process else logging.WARNING
+    logging.basicConfig(level=level, format="%(message)s")
+    # Unsloth gives the root logger its own handler at import, which makes basicConfig a
+    # no-op and left the root at WARNING: the run's own lines would not print.
+    logging.getLogger("pipeline").setLevel(level)
     if distributed.launched_processes() > 1:
         logger.info(distributed.describe())
 
@@ -129,8 +150,15 @@ def run_curriculum(argv: list[str]) -> int:
     if restored:
         logger.info(f"resuming {layout.root} from {restored}")
 
-    # ---- Warm-up: teach the answer format on reference solutions (once per run).
-    if run.warmup_sft_steps and restored is None:
+    # ---- Warm-up: teach the answer format on reference solutions (once per run), or
+    # start from a policy the caller gives (a warm-up several runs share).
+    if hooks.start_from is not None and restored is None:
+        from pipeline.run.checkpoints import load_policy_weights
+
+        load_policy_weights(model, hooks.start_from)
+        if main_process:
+            save_policy(model, tokenizer, memory, layout.warmup, atomic=True)
+    elif run.warmup_sft_steps and restored is None:
         from pipeline.run.warmup import sft_warmup
 
         logger.info(
@@ -155,7 +183,7 @@ def run_curriculum(argv: list[str]) -> int:
     # ---- The stages: train until promoted or out of steps, evaluate, save, plot.
     from pipeline.run.stages import run_stage
 
-    while not controller.finished:
+    while not controller.finished and not hooks.stop():
         run_stage(
             model=model,
             tokenizer=tokenizer,
@@ -168,6 +196,7 @@ def run_curriculum(argv: list[str]) -> int:
             rewards=rewards,
             generations_log=generations_log,
             layout=layout,
+            extra_callbacks=hooks.stage_callbacks,
         )
 
     # ---- The final model, and optional merged / GGUF exports.

@@ -38,13 +38,22 @@ from pipeline.run.distributed import backend_for_processes, launched_processes
 PROG = "python -m pipeline.run"
 # The `dataset` family's options, named in --task_config's help (they live in its config).
 DATASET_OPTIONS = [f.name for f in fields(DatasetConfig)]
+METHODS = ("erl", "grpo", "sdpo")
+"""The trainers a run can train with (`pipeline.run.methods`); erl is the default."""
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
 @dataclass
 class RunConfig:
-    """What to train on, how it is rewarded, the warm-up, and what the run writes."""
+    """How to train, on what, how it is rewarded, the warm-up, and what the run writes."""
 
+    method: str = field(
+        default="erl",
+        metadata={
+            "help": "Training method: erl (ERLTrainer), grpo (the backend's GRPOTrainer) or sdpo "
+            "(TRL's SDPOTrainer, the task's feedback as the teacher's context)."
+        },
+    )
     task: str = field(
         default="arithmetic",
         metadata={
@@ -141,6 +150,10 @@ class RunConfig:
 
     def validate(self) -> None:
         """Parse mapping options given as JSON and reject bad values, naming them."""
+        if self.method not in METHODS:
+            raise UsageError(
+                "--method: unknown method", self.method, f"choose {', '.join(METHODS)}"
+            )
         self.task_config = _mapping("task_config", self.task_config)
         self.reward_signals = _mapping("reward_signals", self.reward_signals)
         from pipeline.reward_model.signals import (
@@ -288,19 +301,35 @@ RECORDED_ONLY = frozenset({"task_class"})
 def check_resume_config(output_dir: Path, config: dict[str, Any]) -> None:
     """On a resume, refuse `config` if an option outside RESUME_SAFE_OPTIONS differs from
     the one the run started with (its run_config.json; a run without one is not checked)."""
+    path = RunLayout(output_dir).run_config
+    changes = config_changes(path, config, output_dir)
+    if changes:
+        raise UsageError(
+            f"--resume true: the run in {output_dir} started with other options",
+            changes,
+            f"resume with the options in {path}, or start a new run in another --output_dir "
+            f"(a resume may change {', '.join(sorted(RESUME_SAFE_OPTIONS))})",
+        )
+
+
+def config_changes(path: Path, config: dict[str, Any], output_dir: Path | None = None) -> str:
+    """The options outside RESUME_SAFE_OPTIONS in which `config` differs from the run_config.json
+    at `path`, as "name: old -> new; ..." ("" when none differs or there is no such file).
+
+    A run that started with an ERLConfig option since removed (`REMOVED_OPTIONS`) is refused
+    in one line naming it, unless it kept the option's default: then it trained as today's
+    code does."""
     from pipeline.erl.config import REMOVED_OPTIONS
 
-    path = RunLayout(output_dir).run_config
     if not path.exists():
-        return
-    started = json.loads(path.read_text())
-    # An option since removed: a run that kept its default trained as today's code does.
+        return ""
+    started = {"method": "erl"} | json.loads(path.read_text())  # older runs: always ERL
     for name, (default, why) in REMOVED_OPTIONS.items():
         value = started.pop(name, default)
         if value != default:
             raise UsageError(
-                f"--resume true: the run in {output_dir} started with option {name}, which "
-                "no longer exists",
+                f"the run in {output_dir or path.parent} started with option {name}, which no "
+                "longer exists",
                 value,
                 f"ERLConfig option {name} was {why}; start a new run in another --output_dir",
             )
@@ -309,14 +338,7 @@ def check_resume_config(output_dir: Path, config: dict[str, Any]) -> None:
         for key in set(started) | set(config)
         if key not in RESUME_SAFE_OPTIONS | RECORDED_ONLY and started.get(key) != config.get(key)
     )
-    if differing:
-        changes = "; ".join(f"{k}: {started.get(k)!r} -> {config.get(k)!r}" for k in differing)
-        raise UsageError(
-            f"--resume true: the run in {output_dir} started with other options",
-            changes,
-            f"resume with the options in {path}, or start a new run in another --output_dir "
-            f"(a resume may change {', '.join(sorted(RESUME_SAFE_OPTIONS))})",
-        )
+    return "; ".join(f"{k}: {started.get(k)!r} -> {config.get(k)!r}" for k in differing)
 
 
 def record_config(output_dir: Path, config: dict[str, Any]) -> None:

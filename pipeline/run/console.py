@@ -25,11 +25,12 @@ from transformers import TrainerCallback
 from pipeline.erl.memory import CONFIRMED, REJECTIONS, STORED
 from pipeline.layout import RunLayout, stage_name
 from pipeline.run.config import verbose
+from pipeline.run.plots import first_attempt_reward
 
 logger = logging.getLogger(__name__)
 
 R1, R2, GATED, FALLBACK = (
-    "erl/r1_mean",
+    "erl/r1_mean",  # ERL's key; GRPO and SDPO log r1 under theirs (first_attempt_reward)
     "erl/r2_mean",
     "erl/gated_fraction",
     "rewards/fallback_rate",
@@ -93,7 +94,7 @@ class RewardWatch:
                     f"{_mean(recent):.0%} of first attempts scored the fallback reward over the "
                     f"last {len(recent)} steps (unparseable or unscorable): see generations.jsonl",
                 )
-        r1 = _finite(logs.get(R1))
+        r1 = first_attempt_reward(logs)
         if r1 is None:
             return messages
         self.r1.append(r1)
@@ -130,7 +131,8 @@ class RewardWatch:
 def stage_postfix(logs: dict[str, Any]) -> dict[str, str]:
     """r1, r2 and the gated share of a logged step, for the stage bar."""
     postfix = {}
-    r1, r2, gated = (_finite(logs.get(key)) for key in (R1, R2, GATED))
+    r1 = first_attempt_reward(logs)
+    r2, gated = (_finite(logs.get(key)) for key in (R2, GATED))
     if r1 is not None:
         postfix["r1"] = f"{r1:.3f}"
     if gated is not None:
@@ -249,18 +251,21 @@ def show_progress(trainer, progress: RunProgress, tensorboard_dir: Path) -> None
             callback.logging_dir = str(tensorboard_dir)
 
 
-def show_stage_progress(trainer, args, controller, layout: RunLayout) -> None:
-    """The running stage's bar and warnings in place of the per-step dictionaries."""
+def show_stage_progress(trainer, args, controller, layout: RunLayout, method: str) -> None:
+    """The running stage's bar and warnings in place of the per-step dictionaries; ERL's
+    stage ends with its line on reflections."""
     stage, config = controller.stage, controller.config
     watch = RewardWatch(
         stage, config.promote_threshold, plateau_steps=max(20, config.max_stage_steps // 4)
     )
     progress = RunProgress(
-        f"stage {stage} · level {controller.level}",
+        f"stage {stage} · level {controller.level} · {method}",
         stage_postfix,
         bar=not args.disable_tqdm,
         print_logs=verbose(args.log_level),
         watch=watch,
-        summary=lambda: memory_summary(stage, trainer.erl_step.tally),
+        summary=(lambda: memory_summary(stage, trainer.erl_step.tally))
+        if method == "erl"
+        else None,
     )
     show_progress(trainer, progress, layout.tensorboard(stage_name(stage)))

@@ -32,6 +32,9 @@ from pipeline.layout import METRICS_FILE, RunLayout
 logger = logging.getLogger(__name__)
 
 R1_KEY, R2_KEY = "erl/r1_mean", "erl/r2_mean"
+R1_KEYS = (R1_KEY, "reward", "self_distillation/reward_mean")
+"""Where each method's trainer logs its first attempts' mean reward: ERLTrainer's own key
+(its `reward` is r1 too), GRPOTrainer's `reward`, SDPOTrainer's diagnostics."""
 BOUNDARY_GID, EVAL_GID, BASELINE_GID = "stage_boundary", "eval_reward", "baseline_r1"
 """Artist ids of the stage lines, eval markers and baseline line, so tests and tools can
 find them."""
@@ -47,11 +50,18 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def first_attempt_reward(record: dict[str, Any]) -> float | None:
+    """The first attempts' mean reward (r1) of a logged step, whichever method trained it."""
+    return next((_number(record[k]) for k in R1_KEYS if k in record), None)
+
+
 def _series(history: Iterable[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of the records that carry both a step and a finite `key`."""
+    """(steps, values) of the records that carry both a step and a finite `key` (R1_KEY:
+    r1 under whichever key the method logs it)."""
     points = []
     for record in history:
-        step, value = _number(record.get("step")), _number(record.get(key))
+        found = first_attempt_reward(record) if key == R1_KEY else record.get(key)
+        step, value = _number(record.get("step")), _number(found)
         if step is not None and value is not None:
             points.append((step, value))
     points.sort()
@@ -139,7 +149,7 @@ def build_figure(
         )
     ax.set_xlabel("training step (run-global)")
     ax.set_ylabel("mean reward")
-    ax.set_title(title or "ERL reward curves")
+    ax.set_title(title or "reward curves")
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="lower right", fontsize=8)
@@ -213,6 +223,14 @@ def _read_stages(layout: RunLayout) -> dict[int, dict[str, Any]]:
         return {}
 
 
+def run_method(layout: RunLayout) -> str:
+    """The method the run in `layout` trains (its run_config.json; erl before it had one)."""
+    try:
+        return str(json.loads(layout.run_config.read_text()).get("method", "erl"))
+    except (OSError, ValueError, AttributeError):
+        return "erl"
+
+
 @dataclass
 class RunCurves:
     """What `plot_run` draws: each stage's metrics, where stages start, eval rewards."""
@@ -278,6 +296,7 @@ def plot_run(
     draws nothing. Never raises on a partial run (missing state or metrics)."""
     layout = RunLayout(output_dir)
     curves = read_run(layout.root, eval_rewards)
+    method = run_method(layout).upper()
     history = [record for k in sorted(curves.metrics) for record in curves.metrics[k]]
     other = None
     if baseline:
@@ -291,7 +310,7 @@ def plot_run(
                 layout.plot,
                 stage_boundaries=curves.boundaries,
                 eval_rewards=[curves.evals[k] for k in sorted(curves.evals)],
-                title=f"ERL reward curves: {layout.root.resolve().name}",
+                title=f"{method} reward curves: {layout.root.resolve().name}",
                 baseline=other,
             )
         )
@@ -304,7 +323,9 @@ def plot_run(
                 records,
                 layout.stage_plot(k),
                 eval_rewards=[curves.evals[k]] if k in curves.evals else [],
-                title=f"stage {k}" + (f" (level {level})" if level is not None else ""),
+                title=f"stage {k}"
+                + (f" (level {level})" if level is not None else "")
+                + f" · {method}",
             )
         )
     return written

@@ -136,14 +136,15 @@ def run_stage(
     rewards,
     generations_log,
     layout: RunLayout,
+    extra_callbacks=None,
 ) -> None:
     """Train the controller's running stage to its end, evaluate, save, record and plot.
+    `extra_callbacks(trainer, controller)`: more TrainerCallbacks for the stage's trainer.
 
     The order keeps a killed run resumable: the stage folder is complete (policy, metrics,
     plot) before the state file marks the stage finished, and untouched after; until then
     a resume continues the stage from its latest trainer checkpoint.
     """
-    from pipeline.erl.trainer import ERLTrainer
     from pipeline.evaluate.first_attempts import evaluate_first_attempts
     from pipeline.run.checkpoints import (
         latest_trainer_checkpoint,
@@ -152,6 +153,7 @@ def run_stage(
     )
     from pipeline.run.config import verbose
     from pipeline.run.console import show_stage_progress
+    from pipeline.run.methods import build_trainer
     from pipeline.run.plots import plot_run
 
     stage, level = controller.stage, controller.level
@@ -168,20 +170,23 @@ def run_stage(
     if generations_log is not None:  # the main process's
         generations_log.start_stage(stage, step_offset, controller.stage_steps)
 
-    trainer = ERLTrainer(
+    trainer = build_trainer(
+        run.method,
         model=model,
         args=stage_args(args, checkpoints, controller.config.max_stage_steps, rewards.weights),
         train_dataset=stage_dataset(
             task, controller, run.prompts_per_stage, stage_seed(args.seed, stage)
         ),
-        reward_funcs=rewards.funcs,
-        feedback_func=rewards.feedback,
-        memory=memory,  # one memory for the whole run; checkpoints save and restore it
-        processing_class=tokenizer,
+        rewards=rewards,
+        memory=memory,
+        tokenizer=tokenizer,
+        success_threshold=args.reward_threshold,
     )
     callback = CurriculumCallback(trainer, controller, layout.stage_metrics(stage), step_offset)
     trainer.add_callback(callback)
-    show_stage_progress(trainer, args, controller, layout)  # instead of per-step dicts
+    for extra in extra_callbacks(trainer, controller) if extra_callbacks else []:
+        trainer.add_callback(extra)  # after the curriculum's: e.g. pipeline.compare's budget
+    show_stage_progress(trainer, args, controller, layout, run.method)  # not per-step dicts
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     kill_point("trained", stage)
     steps = controller.stage_steps
@@ -234,10 +239,10 @@ def run_stage(
         shutil.rmtree(checkpoints, ignore_errors=True)  # a finished stage never resumes
         plot_run(layout.root, stages=[], baseline=run.baseline_run)
     wait_for_everyone()
-    logger.info(_summary(stage, level, steps, decision, callback.r2_mean(), evaluation))
+    logger.info(_summary(stage, level, run.method, steps, decision, callback.r2_mean(), evaluation))
 
 
-def _summary(stage, level, steps, decision, r2, evaluation) -> str:
+def _summary(stage, level, method, steps, decision, r2, evaluation) -> str:
     def fmt(x):
         return "n/a" if x is None else f"{x:.3f}"
 
@@ -246,6 +251,6 @@ def _summary(stage, level, steps, decision, r2, evaluation) -> str:
     if evaluation and evaluation.trained:  # the level has too few problems to hold them out
         score += f" ({evaluation.trained} of {evaluation.n} prompts trained on)"
     return (
-        f"[stage {stage}] level {level} | {steps} steps | r1 {fmt(decision.r1_mean)} | r2 {fmt(r2)} | "
-        f"eval {score} | {outcome}"
+        f"[stage {stage}] level {level} | {method} | {steps} steps | r1 {fmt(decision.r1_mean)} | "
+        f"r2 {fmt(r2)} | eval {score} | {outcome}"
     )

@@ -1,9 +1,11 @@
-"""The learning bench's statistics: Student's t quantiles, 95% intervals, paired differences.
+"""The statistics of a comparison: Student's t quantiles, 95% intervals, paired differences
+and a curve's value between its measured points. `python -m pipeline.compare` and the
+learning bench (bench/learning.py) both use these, and nothing else computes them.
 
 No scipy here (the project does not depend on it), so the t distribution is computed from
 its closed form for integer degrees of freedom (Abramowitz & Stegun 26.7.3 and 26.7.4):
 with theta = atan(t / sqrt(df)), the probability P(|T| <= t) is a finite sum of powers of
-cos(theta). The quantile inverts it by bisection. `tests/test_learning_bench.py` checks
+cos(theta). The quantile inverts it by bisection. `tests/test_compare_stats.py` checks
 the quantiles against published table values.
 
     >>> round(t_quantile(0.975, 4), 4)
@@ -100,3 +102,22 @@ def paired(arm: list[float], baseline: list[float]) -> tuple[list[float], Interv
         raise ValueError(f"paired samples differ in size: {len(arm)} and {len(baseline)}")
     diffs = [a - b for a, b in zip(arm, baseline)]
     return diffs, interval(diffs)
+
+
+def value_at(points: list[tuple[float, float]], x: float) -> float:
+    """The curve through `points` ((x, y) pairs, x ascending) at `x`, linear between two
+    measured points: held-out success at a number of steps or generated tokens that falls
+    between two evaluations. Before the first point, its value; past the last, the last's
+    (a run that ended earlier stays at its final value).
+
+    >>> value_at([(0, 0.0), (10, 0.5), (20, 1.0)], 15)
+    0.75
+    """
+    if not points:
+        raise ValueError("no points to read a value from")
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / max(x1 - x0, 1e-9)
+    return points[-1][1]

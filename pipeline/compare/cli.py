@@ -1,0 +1,217 @@
+"""Which method learns a task fastest: GRPO, ERL and SDPO, paired by seed, with intervals.
+
+    python -m pipeline.compare --config configs/tiny.yaml --methods grpo,erl,sdpo --seeds 3
+    python -m pipeline.compare --config configs/tiny.yaml --methods grpo,erl \
+        --learning_rates grpo=5e-5,erl=2e-4 --budget 20000 --budget_unit tokens
+    python -m pipeline.compare --config configs/countdown.yaml --task_config '{...}' ...   # any
+                                                    # option of python -m pipeline.run
+    python -m pipeline.compare --help
+
+compare() reads top to bottom: split the command line -> check every run's options (and
+that a finished run read back was trained with them) -> the shared warm-up -> every method
+x seed, seed by seed -> the figures, comparison.json and comparison.png. Nothing is
+written before every option has been checked; a second call reads finished runs back.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pipeline.options import UsageError, run_command
+
+logger = logging.getLogger(__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.compare`; returns the exit code (2: an option refused, in one line)."""
+    return run_command(compare, argv, _help)
+
+
+def _help() -> str:
+    """The comparison's own options (stored, as every command's), then every run's."""
+    from pipeline.compare import help_text as stored
+    from pipeline.compare.config import PROG, compare_parser
+    from pipeline.options import stored_help
+    from pipeline.run.cli import _help as run_help
+
+    own = stored_help(stored, PROG) or compare_parser().format_help()
+    return f"{own}\nThe options every run of the comparison takes:\n\n{run_help()}"
+
+
+def compare(argv: list[str]) -> int:
+    """The comparison, top to bottom; a refused option raises UsageError before any write."""
+    from pipeline.compare.config import parse_compare_options, split_argv
+    from pipeline.run.config import check_policy_path_early, choose_backend, parse_run_config
+
+    # ---- Options: the comparison's own, then the run's (the recipe and overrides).
+    own, user_argv = split_argv(argv)
+    check_policy_path_early(user_argv)  # a typo in a local path is named in a second
+    backend = choose_backend(user_argv)
+    config = parse_compare_options(own)
+    _one_thread_on_a_cpu()
+    run, _, curriculum, args = parse_run_config(user_argv)
+    from pipeline.compare import report
+    from pipeline.compare.runs import (
+        Recorder,
+        budget_settings,
+        ensure_warmup,
+        held_out_evaluator,
+        plan_runs,
+        read_record,
+        run_argv,
+        train_run,
+    )
+    from pipeline.evaluate.run_folder import stage_eval_weights
+    from pipeline.options import check_task
+    from pipeline.run.checks import check_levels
+    from pipeline.run.distributed import launched_processes
+
+    if launched_processes() > 1:
+        raise UsageError(
+            "pipeline.compare runs in one process", launched_processes(),
+            "run it with python, not accelerate launch or torchrun",
+        )  # fmt: skip
+    if run.eval_prompts < 1:
+        raise UsageError(
+            "--eval_prompts must be >= 1 for a comparison", run.eval_prompts, "e.g. 64"
+        )
+    task = check_task(run.task, run.task_config)
+    level = check_levels(curriculum, task).level  # the first stage's: the held-out prompts'
+    root = Path(config.compare_dir or f"{str(args.output_dir).rstrip('/')}-compare")
+    specs = plan_runs(config, args.seed, args.learning_rate, root)
+
+    # ---- Every run's options, checked before anything is written; a finished run is read
+    # back only if it was trained with exactly these.
+    finished, settings = {}, {}
+    for spec in specs:
+        max_stage_steps, options = _run_options(run_argv(user_argv, spec, config), backend)
+        settings[spec] = budget_settings(config, max_stage_steps)
+        record = read_record(spec.folder)
+        if record is not None:
+            _check_read_back(spec, record, settings[spec], options)
+            finished[spec] = record
+
+    # ---- The shared warm-up, then the runs, seed by seed.
+    from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    records = {}
+    start = None
+    # The runs' own lines (stage lines, warnings) print above the bar, not through it.
+    with (
+        logging_redirect_tqdm(),
+        tqdm(
+            total=len(specs), desc="compare", unit="run", dynamic_ncols=True, mininterval=2
+        ) as bar,
+    ):
+        for spec in specs:
+            bar.set_postfix_str(spec.label)
+            if spec in finished:
+                records[spec] = finished[spec]
+                bar.update(1)
+                continue
+            start = start or ensure_warmup(user_argv, root / "warmup")
+            recorder = Recorder(
+                budget=config.budget if config.budget_unit != "steps" or config.budget else None,
+                unit=config.budget_unit,
+                scope=config.budget_scope,
+                eval_every=config.eval_every,
+                evaluate=held_out_evaluator(
+                    task,
+                    level,
+                    run.eval_prompts,
+                    args.max_completion_length,
+                    stage_eval_weights(run.reward_signals),
+                ),
+                progress=lambda text, label=spec.label: bar.set_postfix_str(
+                    f"{label}: {text}", refresh=False
+                ),
+            )
+            argv_of_run = run_argv(user_argv, spec, config)
+            records[spec] = train_run(spec, argv_of_run, start, recorder, settings[spec])
+            bar.update(1)
+
+    # ---- The figures, comparison.json and comparison.png.
+    methods = config.method_list()
+    ok = {m: [r for s, r in records.items() if s.method == m and not r["error"]] for m in methods}
+    failed = [r for r in records.values() if r["error"]]
+    ran = {m: rs for m, rs in ok.items() if rs}
+    if len(ran) < 2:
+        for run_record in failed:
+            print(
+                f"failed: {run_record['method']} seed {run_record['seed']}: {run_record['error']}"
+            )
+        print("no comparison: fewer than two methods have a finished run")
+        return 1
+    result = report.figures(ran)
+    described = {
+        "methods": methods,
+        "seeds": config.seeds,
+        "learning_rates": {s.method: s.learning_rate for s in specs},
+        "budget": config.budget or None,
+        "budget_unit": config.budget_unit,
+        "budget_scope": config.budget_scope,
+        "budget_text": _budget_text(config, curriculum.max_stage_steps),
+        "eval_every": config.eval_every,
+        "held_out": {"task": task.name, "level": level, "prompts": run.eval_prompts},
+        "start_success": next(iter(ran.values()))[0]["evals"][0]["success"],
+        "compare_dir": str(root),
+    }
+    report.print_report(result, described, failed)
+    report.write_json(root / "comparison.json", result, described, list(records.values()))
+    report.plot(root / "comparison.png", ran, f"{task.name} level {level}")
+    print(f"wrote {root / 'comparison.json'} and {root / 'comparison.png'}")
+    return 0 if not failed else 1
+
+
+def _one_thread_on_a_cpu() -> None:
+    """One torch thread on a CPU unless OMP_NUM_THREADS says otherwise, as the learning
+    bench and the tests use: the runs' seconds stay comparable, and on a CPU other jobs
+    share, two threads waiting on each other's cores made the tiny comparison several
+    times slower (docs/results.md)."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
+
+def _run_options(argv: list[str], backend: str) -> tuple[int, dict]:
+    """(max_stage_steps, the resolved options) one run would start with."""
+    from pipeline.run.config import parse_run_config, resolved_config
+
+    run, model, curriculum, args = parse_run_config(argv)
+    model.backend = backend
+    return curriculum.max_stage_steps, resolved_config(run, model, curriculum, args)
+
+
+def _check_read_back(spec, record: dict, settings: dict, options: dict) -> None:
+    """A finished run is read back only if it was trained with these options and budget."""
+    from pipeline.layout import RunLayout
+    from pipeline.run.config import config_changes
+
+    changes = config_changes(RunLayout(spec.folder).run_config, options)
+    changes = "; ".join(
+        filter(None, [changes] + [
+            f"{k}: {record['settings'].get(k)!r} -> {v!r}"
+            for k, v in settings.items()
+            if record["settings"].get(k) != v
+        ])
+    )  # fmt: skip
+    if changes:
+        raise UsageError(
+            f"--compare_dir: the finished run {spec.folder} was trained with other options",
+            changes,
+            "give another --compare_dir, or delete that run's folder to train it again",
+        )
+
+
+def _budget_text(config, max_stage_steps: int) -> str:
+    scope = "on the first stage" if config.budget_scope == "first_stage" else "on the curriculum"
+    if config.budget:
+        return f"{config.budget:g} {config.budget_unit} {scope}"
+    if config.budget_scope == "first_stage":
+        return f"{max_stage_steps} steps (max_stage_steps) {scope}"
+    return "the whole curriculum"

@@ -1,0 +1,174 @@
+"""`python -m pipeline.compare`: every method x seed from one shared warm-up, the figures
+with intervals, comparison.json and comparison.png, reading finished runs back, a budget
+in tokens, a failing run reported, and one-line refusals before anything is written."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from test_run import TINY_RECIPE
+
+from pipeline.compare.cli import main
+
+# configs/tiny.yaml, shortened (as tests/test_run.py shortens it).
+FAST = [
+    "--warmup_sft_steps", "10", "--warmup_sft_examples", "200", "--prompts_per_stage", "64",
+    "--eval_prompts", "8", "--per_device_train_batch_size", "8", "--num_generations", "4",
+    "--max_completion_length", "8", "--reflection_max_completion_length", "8",
+    "--promote_window", "8", "--min_stage_steps", "2", "--disable_tqdm", "true",
+]  # fmt: skip
+
+
+def compare_args(tiny_model_dir, folder, *extra):
+    return ["--config", TINY_RECIPE, "--model_name_or_path", tiny_model_dir, *FAST,
+            "--compare_dir", str(folder), *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--methods", "grpo"], "error: --methods: give at least two different methods (grpo)"),
+        (["--methods", "grpo,ppo"], "--methods: give at least two different methods (grpo,ppo)"),
+        (["--seeds", "1"], "--seeds must be >= 2 for an interval (1)"),
+        (["--budget_unit", "tokens"], "--budget_unit tokens needs a --budget"),
+        (["--learning_rates", "grpo=fast"], "--learning_rates: each item is METHOD=RATE"),
+        (["--learning_rates", "sdpo=1e-4"], "for a compared method (sdpo=1e-4)"),
+        (["--method", "erl"], "--method is set by python -m pipeline.compare for each run (erl)"),
+        (["--learning_rate", "-1"], "--learning_rate must be a finite number > 0"),
+        (["--task", "chess"], "unknown task (chess)"),
+    ],
+)
+def test_bad_options_are_refused_in_one_line_before_anything_is_written(
+    tiny_model_dir, tmp_path, capsys, extra, message
+):
+    folder = tmp_path / "cmp"
+    assert main(compare_args(tiny_model_dir, folder, *extra)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert not folder.exists()
+
+
+def figures_printed(text: str) -> list[str]:
+    """The report's lines (mean [interval] per method, differences, promotion)."""
+    start = text.index(" seeds on ")
+    return [line for line in text[start:].splitlines() if "[" in line or "promoted" in line]
+
+
+@pytest.mark.parametrize(
+    "task, methods",
+    [(["--task", "arithmetic"], "grpo,erl,sdpo"), (["--task", "hidden_rule"], "grpo,sdpo")],
+    ids=["arithmetic", "hidden_rule"],
+)
+def test_a_comparison_reports_writes_and_reads_its_runs_back(
+    tiny_model_dir, tmp_path, capsys, task, methods
+):
+    folder = tmp_path / "cmp"
+    argv = compare_args(tiny_model_dir, folder, *task, "--methods", methods, "--seeds", "2",
+                        "--budget", "4", "--eval_every", "2")  # fmt: skip
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    names = methods.split(",")
+    # One warm-up for every run: each run starts from its final/ (and keeps it as warmup/).
+    assert first.out.count("SFT warm-up") + first.err.count("SFT warm-up") <= 1
+    assert (folder / "warmup" / "final").exists()
+    result = json.loads((folder / "comparison.json").read_text())
+    runs = result["runs"]
+    assert sorted((r["method"], r["seed"]) for r in runs) == sorted(
+        (m, s) for m in names for s in (0, 1)
+    )
+    for run in runs:
+        assert run["error"] is None and [s["step"] for s in run["steps"]] == [1, 2, 3, 4]
+        assert [e["step"] for e in run["evals"]] == [0, 2, 4]
+        tokens = [s["tokens"] for s in run["steps"]]
+        assert tokens == sorted(tokens) and tokens[0] > 0
+        # The same start for every run: one checkpoint, the same held-out prompts.
+        assert run["evals"][0] == runs[0]["evals"][0]
+        state = json.loads((folder / "runs" / f"{run['method']}-seed{run['seed']}" / "curriculum_state.json").read_text())  # fmt: skip
+        assert state["stages"][0]["steps"] == 4
+    figures = result["figures"]
+    assert figures["equal_steps"] == 4
+    assert figures["equal_tokens"] == min(r["steps"][-1]["tokens"] for r in runs)
+    assert set(figures["values"]) == set(names)
+    pairs = {(d["a"], d["b"]) for d in figures["differences"]}
+    assert len(pairs) == len(names) * (len(names) - 1) // 2 and ("sdpo", "grpo") in pairs
+    for d in figures["differences"]:
+        assert d["n"] == 2 and len(d["diffs"]) == 2
+    assert (folder / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = figures_printed(first.out)
+    assert any(
+        re.match(r"\s+sdpo - grpo, held-out success at equal steps: [+-]", line) for line in printed
+    )
+    assert "held-out success at equal generated tokens" in first.out
+
+    # A second call reads every run back: no training, the same figures.
+    mtimes = {p: p.stat().st_mtime_ns for p in folder.glob("runs/*/record.json")}
+    assert main(argv) == 0
+    second = capsys.readouterr()
+    assert figures_printed(second.out) == printed
+    assert "[stage" not in second.out + second.err
+    assert {p: p.stat().st_mtime_ns for p in folder.glob("runs/*/record.json")} == mtimes
+
+    # Other options than a finished run was trained with: refused, naming the run.
+    changed = [*argv, "--learning_rates", f"{names[0]}=0.01"]
+    assert main(changed) == 2
+    err = capsys.readouterr().err.strip()
+    assert "was trained with other options" in err and "learning_rate: 0.0005 -> 0.01" in err
+
+
+def test_a_token_budget_stops_runs_and_a_failing_run_is_reported(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    """A budget of generated tokens ends each run at the step that spends it; a run that
+    raises is reported, the others finish, and the next call trains only the failed one."""
+    from pipeline.sdpo.trainer import FeedbackSDPOTrainer
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(FeedbackSDPOTrainer, "train", broken)
+    folder = tmp_path / "cmp"
+    argv = compare_args(tiny_model_dir, folder, "--methods", "grpo,erl,sdpo", "--seeds", "2",
+                        "--budget", "200", "--budget_unit", "tokens", "--max_stage_steps", "50")  # fmt: skip
+    assert main(argv) == 1  # the comparison is made, and says a run failed
+    out = capsys.readouterr().out
+    assert "failed: sdpo seed 0: RuntimeError: broken on purpose" in out
+    assert "erl - grpo, held-out success at equal generated tokens" in out
+    result = json.loads((folder / "comparison.json").read_text())
+    for run in result["runs"]:
+        if run["method"] == "sdpo":
+            assert (
+                run["error"]
+                and not (folder / "runs" / f"sdpo-seed{run['seed']}" / "record.json").exists()
+            )
+            continue
+        tokens = [s["tokens"] for s in run["steps"]]
+        assert tokens[-1] >= 200 > tokens[-2], tokens
+    monkeypatch.undo()
+    mtimes = {p: p.stat().st_mtime_ns for p in folder.glob("runs/*/record.json")}
+    assert main(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes  # read back, not retrained
+    assert len(list(folder.glob("runs/sdpo-seed*/record.json"))) == 2
+
+
+def test_a_curriculum_budget_spans_stages_and_records_the_first_promotion(
+    tiny_model_dir, tmp_path, capsys
+):
+    """--budget_scope curriculum: the run's stages as they come (stage 1 promotes after its
+    2 steps and stage 2 starts), ended by a budget of 3 steps inside stage 2; the first
+    promotion is the controller's, at step 2."""
+    folder = tmp_path / "cmp"
+    argv = compare_args(tiny_model_dir, folder, "--methods", "grpo,sdpo", "--seeds", "2",
+                        "--budget", "3", "--budget_scope", "curriculum", "--eval_every", "2",
+                        "--promote_threshold", "-0.5", "--max_stage_steps", "4")  # fmt: skip
+    assert main(argv) == 0
+    assert "2/2 runs promoted; steps 2.0" in capsys.readouterr().out
+    for run in json.loads((folder / "comparison.json").read_text())["runs"]:
+        assert [s["step"] for s in run["steps"]] == [1, 2, 3]
+        assert run["promotion"]["step"] == 2 and [e["step"] for e in run["evals"]] == [0, 2, 3]
+        state = json.loads((folder / "runs" / f"{run['method']}-seed{run['seed']}" / "curriculum_state.json").read_text())  # fmt: skip
+        assert [(s["level"], s["status"], s["steps"]) for s in state["stages"]] == [
+            (1, "promoted", 2),
+            (2, "plateau", 1),
+        ]
