@@ -35,5 +35,5 @@ cp "$here/conftest.py" "$work/conftest.py"
 PY="${PYTHON:-$repo/.venv/bin/python}"
 PYTHONPATH="$repo" "$PY" "$here/standins.py" "$work/standins"
 cd "$work"
-HARNESS_STANDINS="$work/standins" PYTHONPATH="$repo" "$PY" -m pytest tests/test_grpo_trainer.py \
+HARNESS_STANDINS="$work/standins" PYTHONPATH="$repo" "$PY" -m pytest "$work/tests/test_grpo_trainer.py" \
   -p no:cacheprovider -q --tb=short -k "${HARNESS_K:-not TestGRPOTrainerVLM and not TestGRPOTrainerSlow}" "$@"
