@@ -68,7 +68,10 @@ def test_the_stage_line_says_when_evaluation_prompts_were_trained_on():
 
     def line(trained: int) -> str:
         evaluation = EvalResult("arithmetic", 1, 64, 0.8, 0.7, 0.0, trained=trained)
-        return _summary(1, 1, 10, Decision(), 0.4, evaluation)
+        return _summary(1, 1, "erl", 10, Decision(), 0.4, evaluation)
 
-    assert line(0).endswith("| eval 0.800 | promoted")
+    assert (
+        line(0)
+        == "[stage 1] level 1 | erl | 10 steps | r1 0.500 | r2 0.400 | eval 0.800 | promoted"
+    )
     assert line(64).endswith("| eval 0.800 (64 of 64 prompts trained on) | promoted")

@@ -133,7 +133,7 @@ def test_the_pages_run_and_evaluation_work_as_written(page_folder):
     assert json.loads((page_folder / "runs/reverse/run_config.json").read_text())["task"] == (
         "reverse_task:ReverseTask"
     )
-    assert re.search(r"\[stage 2\] level 2 \| \d steps \| r1 ", outputs[0])
+    assert re.search(r"\[stage 2\] level 2 \| erl \| \d steps \| r1 ", outputs[0])
     # Nothing of the project was changed, and nothing was written into it.
     after = subprocess.run(
         ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True
