@@ -244,23 +244,16 @@ class ThreadProcesses:
         return torch.stack(self._exchange(tensor)).sum(dim=0)
 
 
-def test_two_processes_pad_to_the_global_count_credit_together_and_remember_alike():
-    """Process 0 gated 2 rows, process 1 one, of the same prompt: process 1 pads with a masked
-    copy, the prompt's three retries are normalised together, and both memories get the
-    same reflections in the same order."""
+def in_two_processes(steps, backends, first, step: int) -> list:
+    """Each of two threads, joined by ThreadProcesses, runs its ERL step on its backend and
+    first attempts; their results in process order (a thread's error fails the test)."""
     shared, barrier = {}, threading.Barrier(2)
-    first = [
-        first_attempts(["q", "q"], torch.zeros(2)),
-        first_attempts(["q", "z"], torch.tensor([0.0, 1.0])),
-    ]
-    backends = [Backend(solvable={"q"} if i == 0 else ()) for i in range(2)]
-    memories = [ReflectionMemory(10), ReflectionMemory(10)]
     results, errors = [None, None], []
 
     def run(i):
         backends[i].processes = ThreadProcesses(i, 2, shared, barrier)
         try:
-            results[i] = ERLStep(settings(), memories[i])(backends[i], first[i], step=3)
+            results[i] = steps[i](backends[i], first[i], step=step)
         except Exception as error:  # surfaced below
             errors.append(error)
             barrier.abort()
@@ -271,7 +264,21 @@ def test_two_processes_pad_to_the_global_count_credit_together_and_remember_alik
     for thread in threads:
         thread.join(timeout=60)
     assert not errors, errors
-    a, b = results
+    return results
+
+
+def test_two_processes_pad_to_the_global_count_credit_together_and_remember_alike():
+    """Process 0 gated 2 rows, process 1 one, of the same prompt: process 1 pads with a masked
+    copy, the prompt's three retries are normalised together, and both memories get the
+    same reflections in the same order."""
+    first = [
+        first_attempts(["q", "q"], torch.zeros(2)),
+        first_attempts(["q", "z"], torch.tensor([0.0, 1.0])),
+    ]
+    backends = [Backend(solvable={"q"} if i == 0 else ()) for i in range(2)]
+    memories = [ReflectionMemory(10), ReflectionMemory(10)]
+    steps = [ERLStep(settings(), memory) for memory in memories]
+    a, b = in_two_processes(steps, backends, first, step=3)
     assert len(backends[1].generated[0][0]) == 2  # one gated row and its padding copy
     assert b.rows.valid[:2] == [True, False]
     # r2: process 0's two retries of "q" right, process 1's wrong: one group of three.
@@ -288,32 +295,21 @@ def test_two_processes_pad_to_the_global_count_credit_together_and_remember_alik
 
 def test_select_reflecting_sees_a_group_across_processes_in_process_order():
     """Prompt "q" has gated rows on both processes: the hook sees all three in process
-    order, so keeping the first of each group keeps process 0's first row only, and
-    process 1 pads to process 0's count with a masked copy."""
-    shared, barrier = {}, threading.Barrier(2)
+    order, so keeping the first of each group keeps process 0's first "q" and process 1's
+    "z" only."""
     first = [first_attempts(["q", "q"], torch.zeros(2)), first_attempts(["q", "z"], torch.zeros(2))]
     backends = [Backend(solvable={"q"}) for _ in range(2)]
-    seen, results, errors = [], [None, None], []
+    seen = []
 
     def first_of_each_group(groups):
         seen.append(list(groups))
         return [groups.index(key) == i for i, key in enumerate(groups)]
 
-    def run(i):
-        backends[i].processes = ThreadProcesses(i, 2, shared, barrier)
-        step = ERLStep(settings(), ReflectionMemory(5), select_reflecting=first_of_each_group)
-        try:
-            results[i] = step(backends[i], first[i], step=1)
-        except Exception as error:  # surfaced below
-            errors.append(error)
-            barrier.abort()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not errors, errors
+    steps = [
+        ERLStep(settings(), ReflectionMemory(5), select_reflecting=first_of_each_group)
+        for _ in range(2)
+    ]
+    results = in_two_processes(steps, backends, first, step=1)
     assert seen[0] == seen[1] and len(seen[0]) == 4  # every process asks about every row
     retries = [backend.generated[1][0] for backend in backends]
     assert [content(p).split("\n\n")[0] for p in retries[0]] == ["q"]  # its first "q"
