@@ -160,11 +160,11 @@ class ReflectionMemory:
     def disagreement(self, config) -> str | None:
         """Which of `config`'s memory options (size, scope, top-k) this memory does not
         share, as `name (config's value, memory's value)`; None when it shares them all."""
-        size = config.memory_size if config.enable_memory else 0
+        wanted = ReflectionMemory.from_config(config)
         for name, ours, theirs in (
-            ("memory_size", self.max_size, size),
-            ("memory_scope", self.scope, config.memory_scope),
-            ("memory_top_k", self.top_k, config.memory_top_k),
+            ("memory_size", self.max_size, wanted.max_size),
+            ("memory_scope", self.scope, wanted.scope),
+            ("memory_top_k", self.top_k, wanted.top_k),
         ):
             if ours != theirs:
                 return f"{name} ({theirs!r} in the config, {ours!r} in the memory)"

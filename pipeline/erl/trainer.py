@@ -409,9 +409,10 @@ def _refuse_unsupported(model, args, feedback_func, memory, kwargs: dict) -> Non
         raise TypeError(f"feedback_func must be callable, got {type(feedback_func).__name__}")
     if memory is not None and not isinstance(memory, ReflectionMemory):
         raise TypeError(f"memory must be a ReflectionMemory, got {type(memory).__name__}")
-    if memory is not None and memory.disagreement(args) is not None:
+    disagreement = memory.disagreement(args) if memory is not None else None
+    if disagreement is not None:
         raise ValueError(
-            f"memory= disagrees with args on {memory.disagreement(args)}: build it with "
+            f"memory= disagrees with args on {disagreement}: build it with "
             "ReflectionMemory.from_config(args, ...) or set the same options in ERLConfig"
         )
     for unsupported in ("tools", "rollout_func", "environment_factory"):
