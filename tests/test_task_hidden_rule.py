@@ -125,3 +125,17 @@ def test_max_operand_widens_every_level_and_defaults_to_the_levels_own():
 def test_bad_config_names_the_field(config, field):
     with pytest.raises(ValueError, match=field):
         get_task("hidden_rule", **config)
+
+
+def test_constants_fix_the_rule_beyond_the_levels_own_range():
+    """`constants` states a rule the rule seeds never draw (the bench's warm-up decoys);
+    a bad name or value is refused by name."""
+    task = get_task("hidden_rule", constants={"k": 17}, max_operand=24)
+    assert task.rule_text(1) == "a#b = a+b+17" and task.apply(1, 3, 4) == 24
+    assert task.rule_text(2) == "a#b = a*17+b"
+    row = task.generate(1, 1, seed=3)[0]
+    meta = task.meta(row)
+    assert int(row["answer"]) == meta["a"] + meta["b"] + 17
+    for bad, words in (({"q": 2}, "'q' is not a rule constant"), ({"k": 0}, "k must be")):
+        with pytest.raises(ValueError, match=words):
+            get_task("hidden_rule", constants=bad)

@@ -31,7 +31,7 @@ import functools
 import math
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from curriculum.tasks.arithmetic import evaluate_integer
 from curriculum.tasks.base import HELD_OUT_SEED_BASE, Evaluation, Row, Task, TaskConfig
@@ -62,6 +62,9 @@ class HiddenRuleConfig(TaskConfig):
     """1 in `held_out_mod` operand pairs is held out."""
     max_operand: int = 0
     """The largest operand; 0 keeps each level's own (9, or 99 at level 5)."""
+    constants: dict[str, int] = field(default_factory=dict)
+    """Fixes constants instead of drawing them from `rule_seed`, at any level whose rule
+    uses them and at any value >= 1 (e.g. {"k": 17}: level 1 is a#b = a+b+17)."""
 
     def validate(self) -> None:
         if self.split not in SPLITS:
@@ -78,6 +81,11 @@ class HiddenRuleConfig(TaskConfig):
                 "symbol must be 1-3 characters, none a letter, digit, space, <, >, +, - or *, "
                 f"got {self.symbol!r}"
             )
+        for name, value in self.constants.items():
+            if name not in {"k", "m"}:
+                raise ValueError(f"constants: {name!r} is not a rule constant (k or m)")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"constants: {name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.held_out_mod, int) or self.held_out_mod < 2:
             raise ValueError(f"held_out_mod must be an integer >= 2, got {self.held_out_mod!r}")
         if (
@@ -105,10 +113,11 @@ class HiddenRuleTask(Task):
     # The rule ---------------------------------------------------------------------------
 
     def constants(self, level: int) -> dict[str, int]:
-        """The level's constants for this config's `rule_seed`."""
+        """The level's constants: drawn for this config's `rule_seed`, or fixed by `constants`."""
         self.check_level(level)
         rng = random.Random(f"hidden_rule:{self.config.rule_seed}:{level}")
-        return {name: rng.randint(lo, hi) for name, (lo, hi) in sorted(LEVELS[level][2].items())}
+        drawn = {name: rng.randint(lo, hi) for name, (lo, hi) in sorted(LEVELS[level][2].items())}
+        return {name: self.config.constants.get(name, value) for name, value in drawn.items()}
 
     def apply(self, level: int, a: int, b: int) -> int:
         """`a # b` at `level`: the formula is a sum of products, evaluated without `eval`."""
