@@ -283,6 +283,20 @@ def test_a_removed_erl_option_is_one_line_on_the_command_line_in_a_recipe_and_on
     assert folder_state(out) == before
 
 
+def test_a_run_from_before_reflections_per_group_resumes_at_0_only(tmp_path):
+    """A run_config.json written before the option existed trained one reflection per gated
+    attempt: it matches reflections_per_group 0, and a resume with another value is refused."""
+    from pipeline.run.config import config_changes
+
+    path = tmp_path / "run_config.json"
+    path.write_text(json.dumps({"method": "erl", "reward_threshold": 1.0}))
+    today = {"method": "erl", "reward_threshold": 1.0}
+    assert config_changes(path, {**today, "reflections_per_group": 0}) == ""
+    assert config_changes(path, {**today, "reflections_per_group": 1}) == (
+        "reflections_per_group: 0 -> 1"
+    )
+
+
 def test_a_recipe_without_bf16_trains_on_a_cpu(tmp_path):
     """TRL turns bf16 on by default, which transformers refuses without a GPU: the run's
     default is off where there is no CUDA GPU with bf16."""

@@ -38,6 +38,8 @@ def test_seed_defaults():
         ({"reward_threshold": float("inf")}, "reward_threshold"),
         ({"reflection_max_completion_length": 0}, "reflection_max_completion_length"),
         ({"peak_memory_factor": 0.0}, "peak_memory_factor must be a finite number > 0, got 0.0"),
+        ({"reflections_per_group": -1}, "reflections_per_group must be an integer >= 0, got -1"),
+        ({"reflections_per_group": 1.5}, "reflections_per_group must be an integer >= 0, got 1.5"),
         (
             {"reflection_system_prompt": "{prompt} scored {reward:d}"},
             "reflection_system_prompt cannot be formatted",
@@ -83,6 +85,19 @@ def test_erl_config_keeps_at_most_15_options_of_its_own_the_seeds_among_them():
     seed |= {"retry_system_prompt", "internalization_coef", "enable_memory"}
     seed |= {"enable_internalization"}
     assert seed <= own and len(own) <= 15, sorted(own)
+
+
+def test_select_reflecting_beside_reflections_per_group_is_refused():
+    """Both choose which gated attempts reflect: refused before any model is loaded."""
+    from pipeline import ERLTrainer
+
+    with pytest.raises(ValueError, match="select_reflecting= and reflections_per_group=2"):
+        ERLTrainer(
+            model="not-loaded",
+            args=make(reflections_per_group=2),
+            reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+            select_reflecting=lambda groups: [True] * len(groups),
+        )
 
 
 @pytest.mark.parametrize(

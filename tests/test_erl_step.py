@@ -45,6 +45,7 @@ def settings(**overrides):
         retry_system_prompt=DEFAULT_RETRY_PROMPT,
         reflection_max_completion_length=None,
         max_completion_length=8,
+        reflections_per_group=0,
     )
     return SimpleNamespace(**{**values, **overrides})
 
@@ -316,6 +317,166 @@ def test_select_reflecting_sees_a_group_across_processes_in_process_order():
     assert [content(p).split("\n\n")[0] for p in retries[1]] == ["z"]  # "q" is taken
     assert results[0].rows.valid[:1] == [True] and results[1].rows.valid[:1] == [True]
     assert results[0].metrics["erl/reflections"] == 2.0
+
+
+class Scripted(Backend):
+    """A Backend whose retries are right or wrong in the order `outcomes` says (then wrong),
+    whatever their prompt, and whose reflection names the reward its prompt shows, so that
+    a retry's prompt tells which row's reflection it read."""
+
+    def __init__(self, outcomes=(), processes=None):
+        super().__init__(processes=processes)
+        self.outcomes = list(outcomes)
+
+    def generate(self, prompts, max_new_tokens):
+        self.generated.append((list(prompts), max_new_tokens))
+        texts = []
+        for prompt in prompts:
+            lines = content(prompt).split("\n")
+            if lines[0].startswith("You tried"):
+                reward = next(line for line in lines if line.startswith("Reward:"))
+                texts.append(f"Fix {lines[1]} from {reward}.")
+            else:
+                texts.append("right" if self.outcomes and self.outcomes.pop(0) else "wrong")
+        return Generated(
+            [ids(content(p)) for p in prompts], [ids(t) for t in texts], texts, [None] * len(texts)
+        )
+
+
+def advice(prompt) -> str:
+    """The reflection a retry prompt carries."""
+    return content(prompt).split("Advice from a previous attempt: ")[1]
+
+
+def recording(calls):
+    """The stock `retry_advantages`, recording what it was asked."""
+
+    def credit(groups, r1, r2, valid, scale):
+        calls.append((list(groups), r1.tolist(), r2.tolist(), list(valid)))
+        return retry_advantages(groups, r1, r2, valid, scale)
+
+    return credit
+
+
+def _group_of(question: str) -> str:
+    """The group key the step gives `first_attempts`' prompt for `question`."""
+    from pipeline.erl.step import _group_key
+
+    return _group_key([{"role": "user", "content": question}])
+
+
+def test_one_reflection_per_group_serves_every_failed_attempt():
+    """k = 1, a group of four first attempts, three of them failed: the first failed one
+    reflects, all three retry with its reflection; the retries are normalised among
+    themselves, the reflection gets mean r2 - mean r1, and it enters the memory once."""
+    backend, calls = Scripted(outcomes=[0, 1, 0]), []
+    memory = ReflectionMemory(10)
+    memory.add("q", "Old lesson.", step=0)
+    memory.pop_outcomes()
+    step = ERLStep(settings(reflections_per_group=1), memory, recording(calls))
+    first = first_attempts(["q"] * 4, torch.tensor([0.0, 0.5, 1.0, 0.2]))
+    result = step(backend, first, step=4)
+
+    (reflections, _), (retries, _) = backend.generated
+    assert len(reflections) == 1 and "Reward: 0.00" in content(reflections[0])
+    assert [advice(p) for p in retries] == ["Fix q from Reward: 0.00."] * 3
+    (groups, _, r2, _), (reflection_groups, r1_mean, r2_mean, valid) = calls
+    assert len(set(groups)) == 1 and r2 == [0.0, 1.0, 0.0]
+    assert reflection_groups == [_group_of("q")] and valid == [True]
+    assert r1_mean == pytest.approx([0.7 / 3]) and r2_mean == pytest.approx([1 / 3])
+    rows = result.rows
+    std = torch.tensor([0.0, 1.0, 0.0]).std().item()
+    retry = [(r - 1 / 3) / (std + 1e-4) for r in (0.0, 1.0, 0.0)]
+    assert rows.advantages == pytest.approx([1 / 3 - 0.7 / 3, *retry, 0.7])
+    assert rows.valid == [True] * 5 and rows.completion_ids[4] == ids("right")
+    # One record for the reflection that read the stored lesson (a retry of it succeeded),
+    # one offer of the reflection.
+    assert [(e.reflection, e.reads, e.successes) for e in memory] == [
+        ("Old lesson.", 2, 2),
+        ("Fix q from Reward: 0.00.", 1, 1),
+    ]
+    assert result.metrics["erl/reflections"] == 1.0 and result.metrics["erl/retries"] == 3.0
+    assert result.metrics["erl/retry_success_rate"] == pytest.approx(1 / 3)
+    assert result.metrics["erl/memory_stored"] == 1.0 and step.tally["reflections"] == 1
+
+
+def test_the_ith_failed_attempt_retries_with_reflection_i_mod_k():
+    """k = 2, three failed attempts: attempts 0 and 1 reflect; attempts 0 and 2 retry with
+    reflection 0 and are credited together, attempt 1 with its own."""
+    backend, calls = Scripted(outcomes=[1, 0, 0]), []
+    step = ERLStep(settings(reflections_per_group=2), ReflectionMemory(5), recording(calls))
+    result = step(backend, first_attempts(["q"] * 3, torch.tensor([0.0, 0.1, 0.2])), step=1)
+
+    (reflections, _), (retries, _) = backend.generated
+    assert len(reflections) == 2
+    assert [advice(p) for p in retries] == [
+        "Fix q from Reward: 0.00.",
+        "Fix q from Reward: 0.10.",
+        "Fix q from Reward: 0.00.",
+    ]
+    (groups, _, _, _), (_, r1_mean, r2_mean, _) = calls
+    assert groups[0] == groups[2] != groups[1]
+    assert r1_mean == pytest.approx([0.1, 0.1]) and r2_mean == pytest.approx([0.5, 0.0])
+    # Retries 0 and 2 normalised together, retry 1 alone (r2 - r1); the two reflections of
+    # the group normalised against each other.
+    std = torch.tensor([1.0, 0.0]).std().item()
+    assert result.rows.advantages[2:5] == pytest.approx(
+        [0.5 / (std + 1e-4), -0.1, -0.5 / (std + 1e-4)]
+    )
+    spread = torch.tensor([0.5, 0.0]).std().item()
+    assert result.rows.advantages[:2] == pytest.approx(
+        [0.25 / (spread + 1e-4), -0.25 / (spread + 1e-4)]
+    )
+
+
+def test_a_lone_failed_attempt_sharing_credits_both_rows_with_its_improvement():
+    step = ERLStep(settings(reflections_per_group=1), ReflectionMemory(5))
+    first = first_attempts(["a", "b"], torch.tensor([0.25, 1.0]))
+    result = step(Scripted(outcomes=[1]), first, step=1)
+    assert result.rows.advantages == pytest.approx([0.75, 0.75, 0.7])
+    assert result.metrics["erl/retries"] == 1.0
+
+
+def test_a_shared_reflection_reaches_retries_on_another_process():
+    """k = 1, prompt "q" failed twice on process 0 and once on process 1: process 0's first
+    "q" reflects and all three retry with it. The rows, advantages and memory are those of
+    one process holding every row, and both processes add as many reflections and retries
+    (process 1 pads a reflection and a retry with inert rows)."""
+    r1 = [0.0, 0.5, 0.2, 1.0]
+    alone = Scripted(outcomes=[0, 1, 1])
+    memory = ReflectionMemory(10)
+    one = ERLStep(settings(reflections_per_group=1), memory)(
+        alone, first_attempts(["q", "q", "q", "z"], torch.tensor(r1)), step=2
+    )
+    first = [
+        first_attempts(["q", "q"], torch.tensor(r1[:2])),
+        first_attempts(["q", "z"], torch.tensor(r1[2:])),
+    ]
+    backends = [Scripted(outcomes=[0, 1]), Scripted(outcomes=[1])]
+    memories = [ReflectionMemory(10), ReflectionMemory(10)]
+    steps = [ERLStep(settings(reflections_per_group=1), m) for m in memories]
+    both = in_two_processes(steps, backends, first, step=2)
+
+    assert [advice(p) for p in backends[1].generated[1][0]][:1] == ["Fix q from Reward: 0.00."]
+    assert [r.rows.valid[:3] for r in both] == [[True] * 3, [False, True, False]]
+    assert len(both[0].rows.valid) == len(both[1].rows.valid) == 4  # 1 + 2 + 1 success each
+
+    def kept(rows, start, stop):
+        return [
+            (rows.prompt_ids[j], rows.completion_ids[j], round(rows.advantages[j], 6))
+            for j in range(start, stop)
+            if rows.valid[j]
+        ]
+
+    for (start, stop), (alone_start, alone_stop) in (((0, 1), (0, 1)), ((1, 3), (1, 4))):
+        spread = kept(both[0].rows, start, stop) + kept(both[1].rows, start, stop)
+        assert spread == kept(one.rows, alone_start, alone_stop)
+    assert both[0].rows.advantages[3:] + both[1].rows.advantages[3:] == one.rows.advantages[4:]
+    assert both[0].metrics == both[1].metrics
+    assert both[0].metrics["erl/retries"] == one.metrics["erl/retries"] == 3.0
+    expected = [(e.reflection, e.reads, e.successes) for e in memory]
+    assert [[(e.reflection, e.reads, e.successes) for e in m] for m in memories] == [expected] * 2
+    assert expected == [("Fix q from Reward: 0.00.", 1, 1)]
 
 
 def test_call_feedback_passes_the_columns_and_names_a_bad_function():

@@ -112,6 +112,23 @@ def test_gate_open_every_row_reflects_and_retries(tiny_model_dir, arithmetic_dat
     assert math.isfinite(metrics["erl/internalization_loss"][0])
 
 
+def test_one_reflection_per_group_trains_a_step(tiny_model_dir, arithmetic_dataset, erl_args):
+    """reflections_per_group=1 with every row gated: each of the batch's two prompts writes
+    one reflection and its four first attempts retry with it."""
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=erl_args(reward_threshold=2.0, max_steps=1, reflections_per_group=1),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+        feedback_func=lambda completions, **kw: ["no"] * len(completions),
+    )
+    trainer.train()
+    (logged,) = [h for h in trainer.state.log_history if "loss" in h]
+    assert math.isfinite(logged["loss"]) and logged["erl/gated_fraction"] == 1.0
+    assert logged["erl/reflections"] == 2.0 and logged["erl/retries"] == 8.0
+    assert len(trainer.memory) <= 2  # a reflection enters at most once
+
+
 def test_feedback_func_wrong_count_names_the_function(tiny_model_dir, arithmetic_dataset, erl_args):
     def my_feedback(completions, **kwargs):
         return ["too short"]

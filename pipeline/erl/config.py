@@ -139,6 +139,19 @@ class ERLConfig(GRPOConfig):
         },
     )
 
+    # 0 keeps ERL's per-attempt reflection; the bench weighs k = 1 (`erl_shared`) against
+    # `erl_per_group` (one retry per reflection) before any other default is chosen.
+    reflections_per_group: int = field(
+        default=0,
+        metadata={
+            "help": "0: every gated first attempt writes its own reflection and retries with "
+            "it. k >= 1: in each prompt's group (over every process) the first k gated "
+            "attempts reflect, and every gated attempt retries, the i-th with the group's "
+            "reflection i mod k; retries are credited within their reflection, each "
+            "reflection by its retries' mean r2 against its attempts' mean r1 within the group."
+        },
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         for name in kwargs:
             if name in REMOVED_OPTIONS:
@@ -165,6 +178,9 @@ class ERLConfig(GRPOConfig):
             raise ValueError(
                 f"memory_scope must be one of {list(MEMORY_SCOPES)}, got {self.memory_scope!r}"
             )
+        shared = self.reflections_per_group
+        if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+            raise ValueError(f"reflections_per_group must be an integer >= 0, got {shared!r}")
         length = self.reflection_max_completion_length
         if length is not None and length < 1:
             raise ValueError(f"reflection_max_completion_length must be >= 1, got {length}")

@@ -5,13 +5,15 @@ and returns the rows ERL adds to its batch (`NewRows`), with the step's metrics:
 
 1. gate: rows whose reward r1 is below `reward_threshold` go on (NaN never does), those of
    them a `select_reflecting` hook keeps (default: all);
-2. feedback: one string per gated first attempt (`feedback_func`, or a stock line);
-3. reflect: one generation per gated row from the reflection template, which shows the
-   stored reflections the `ReflectionMemory` picks for it (its scope and top-k);
-4. retry: one generation from the retry template; r2 is scored against the original row;
-5. credit: the retry advantage of each reflection and retry row (`retry_advantages`, a
-   hook: `ERLTrainer(retry_advantages=...)`), over every process's retries;
-6. remember: reflections whose retry reached the threshold enter the memory;
+2. feedback: one string per reflecting first attempt (`feedback_func`, or a stock line);
+3. reflect: one generation per reflecting row from the reflection template, which shows the
+   stored reflections the `ReflectionMemory` picks for it (its scope and top-k). Every gated
+   row reflects, or with `reflections_per_group` k the first k of each prompt's group;
+4. retry: one generation per gated row from the retry template, with its own reflection
+   (or, sharing, its group's reflection i mod k); r2 is scored against the original row;
+5. credit: the advantage of each reflection and retry row (`retry_advantages`, a hook:
+   `ERLTrainer(retry_advantages=...)`), over every process's retries;
+6. remember: reflections a retry reached the threshold with enter the memory;
 7. internalize: (original prompt -> successful retry) rows, advantage `internalization_coef`.
 
 Everything it needs from the trainer it runs in is the small `StepBackend` interface
@@ -198,6 +200,7 @@ class StepSettings(Protocol):
     retry_system_prompt: str
     reflection_max_completion_length: int | None
     max_completion_length: int
+    reflections_per_group: int
 
 
 RetryAdvantages = Callable[[list[str], torch.Tensor, torch.Tensor, list[bool], bool], list[float]]
@@ -206,6 +209,16 @@ RetryAdvantages = Callable[[list[str], torch.Tensor, torch.Tensor, list[bool], b
 SelectReflecting = Callable[[list[str]], list[bool]]
 """`(groups) -> keep`: given the group key of every gated first attempt (every process's, in
 process order), which of them reflect and retry; the others train as GRPO's rows only."""
+
+
+def refuse_select_with_sharing(select_reflecting, reflections_per_group: int) -> None:
+    """Both choose which gated first attempts reflect; which of them would win is a choice
+    nobody made, so the pair is refused (one line, naming both)."""
+    if select_reflecting is not None and reflections_per_group:
+        raise ValueError(
+            f"select_reflecting= and reflections_per_group={reflections_per_group} both choose "
+            "which gated first attempts reflect; pass one of them"
+        )
 
 
 def retry_advantages(
@@ -298,6 +311,36 @@ class Gated:
     r1: torch.Tensor
 
 
+@dataclass(frozen=True)
+class Sharing:
+    """Which gated rows reflect, and which reflection each retry reads.
+
+    A reflection's position numbers every process's reflections in process order, each
+    process's padded to the same count: process p's slot-th is p * count + slot. Without
+    `reflections_per_group` every gated row reflects and reads its own reflection."""
+
+    reflecting: Gated  # this process's reflecting rows, padded to the global count
+    # Per retry (Gated row): its reflection's position; sharing, -1 for a filler retry.
+    source: list[int]
+    groups: list[str]  # per retry: what `retry_advantages` groups it with
+    # Per position: the reflection's prompt group key (None: a filler). None without sharing:
+    # then a reflection is credited with its own retry's advantage.
+    reflection_groups: list[str | None] | None
+
+
+@dataclass(frozen=True)
+class EveryRetry:
+    """Every process's retries (padded), in process order: what credit and memory read,
+    so that a reflection whose retries live on several processes is judged by all of them."""
+
+    groups: list[str]
+    sources: list[int]
+    r1: torch.Tensor
+    r2: torch.Tensor
+    scored: list[bool]  # neither a filler nor unscorable (NaN r2)
+    success: list[bool]
+
+
 class ERLStep:
     """Gate, feedback, reflection, retry, credit, memory and internalization for one
     generation batch (see the module docstring). Every process of a run calls it once per
@@ -341,23 +384,28 @@ class ERLStep:
 
     def _experience(self, backend, first, gated, pad_to, step) -> tuple[NewRows, dict]:
         """Phases 2-7 for the `gated` rows, padded to `pad_to`: the new rows and their metrics."""
+        processes = backend.processes
         chosen = self._pad(first, gated, pad_to)
-        feedback = self._feedback(backend, first, chosen)
-        shown = self._shown_per_row(backend.processes, chosen, step)
-        reflections = self._reflect(backend, first, chosen, feedback, shown)
+        plan = self._share(processes, first, chosen, len(gated))
+        feedback = self._feedback(backend, first, plan.reflecting)
+        shown = self._shown_per_row(processes, plan.reflecting, step)
+        reflections = self._reflect(backend, first, plan.reflecting, feedback, shown)
         lessons = [text.strip() for text in reflections.texts]
-        retries, r2 = self._retry(backend, chosen, lessons)
+        retries, r2 = self._retry(
+            backend, chosen, self._lessons_per_retry(processes, plan, lessons)
+        )
         # A retry no reward function could score (all None -> NaN) carries no signal, as in GRPO.
         scored = [ok and r == r for ok, r in zip(chosen.valid, r2.tolist())]
         success = [
             ok and reaches_threshold(r, self.settings.reward_threshold)
             for ok, r in zip(scored, r2.tolist())
         ]
-        advantages = self._credit(backend.processes, chosen, r2, scored)
-        self._remember(backend.processes, chosen, lessons, shown, success, step)
-        rows = self._new_rows(backend, chosen, reflections, retries, advantages, success)
+        every = self._every_retry(processes, plan, chosen, r2, scored, success)
+        advantages = self._credit(processes, plan, every)
+        self._remember(processes, plan, lessons, shown, every, step)
+        rows = self._new_rows(backend, plan, chosen, reflections, retries, advantages, success)
         internalized = sum(success) if self._internalizing() else 0
-        metrics = self._metrics(backend, chosen, r2, scored, success, internalized, rows)
+        metrics = self._metrics(backend, plan, r2, scored, success, internalized, rows)
         return rows, metrics
 
     # ---- Gate: r1 below the threshold (NaN never), then the `select_reflecting` hook.
@@ -395,7 +443,60 @@ class ERLStep:
             first.rewards[index],
         )
 
-    # ---- Feedback: one string per gated first attempt.
+    # ---- Share: which gated rows reflect, and whose reflection each retry reads.
+
+    def _share(self, processes, first: FirstAttempts, chosen: Gated, count: int) -> Sharing:
+        """Without `reflections_per_group` each of the `count` gated rows (then `chosen`'s
+        fillers) reflects and reads its own reflection, credited within its prompt's group.
+
+        With k, over every process's gated rows in process order (a prompt's group can span
+        processes, as in `_select`): the first k of a group reflect and the i-th reads the
+        group's reflection i mod k, so a reflecting row reads its own. Each retry is credited
+        among the retries of its reflection. Every process computes the same assignment."""
+        keys = [_group_key(p) for p in chosen.prompts]
+        k = self.settings.reflections_per_group
+        if not k:
+            start = processes.index * len(keys)
+            return Sharing(chosen, [start + j for j in range(len(keys))], keys, None)
+        every = processes.gather_object([(processes.index, key) for key in keys[:count]])
+        ordinal: Counter[str] = Counter()
+        slots: Counter[int] = Counter()  # reflections per process so far
+        place: dict[tuple[str, int], tuple[int, int]] = {}  # (key, number) -> (process, slot)
+        mine: list[tuple[str, int]] = []  # this process's rows: (key, number in the group)
+        for process, key in every:
+            number = ordinal[key]
+            ordinal[key] += 1
+            if number < k:
+                place[key, number] = (process, slots[process])
+                slots[process] += 1
+            if process == processes.index:
+                mine.append((key, number))
+        width = max(slots.values())
+        reflection_groups: list[str | None] = [None] * (processes.count * width)
+        for (key, _), (process, slot) in place.items():
+            reflection_groups[process * width + slot] = key
+        read = [place[key, number % k] for key, number in mine]
+        source = [process * width + slot for process, slot in read]
+        # The reflection's id names its prompt too, for a hook that wants it.
+        groups = [f"reflection {number % k} of {key}" for key, number in mine]
+        fillers = len(keys) - count  # inert: no reflection, credited with nothing
+        reflecting = [chosen.index[j] for j, (_, number) in enumerate(mine) if number < k]
+        return Sharing(
+            self._pad(first, reflecting, width),
+            source + [-1] * fillers,
+            groups + keys[count:],
+            reflection_groups,
+        )
+
+    def _lessons_per_retry(self, processes, plan: Sharing, lessons: list[str]) -> list[str]:
+        """The reflection each retry reads: its own, or, sharing, its group's, which may have
+        been written on another process (a filler retry reads none)."""
+        if plan.reflection_groups is None:
+            return lessons
+        every = processes.gather_object(lessons)
+        return [every[s] if s >= 0 else "" for s in plan.source]
+
+    # ---- Feedback: one string per reflecting first attempt.
 
     def _feedback(self, backend, first: FirstAttempts, chosen: Gated) -> list[str]:
         return backend.feedback(
@@ -458,38 +559,81 @@ class ERLStep:
         )
         return retries, r2
 
-    # ---- Credit: the retries of one prompt as a group, over every process.
+    # ---- Credit: the retries of one prompt (sharing: of one reflection) as a group, over
+    # every process; sharing, the reflections of one prompt too.
 
-    def _credit(self, processes, chosen: Gated, r2, valid) -> list[float]:
-        """`retry_advantages` over the retries of every process, sliced back to this one's.
-
-        GRPO's sampler gives each process a contiguous slice of the generation batch, so one
-        prompt's generations (and its retries) can live on several processes; like GRPO for
-        r1, gather the group keys, r1, r2 and validity and credit all of them. Every process
-        holds the same number of retries here (padded to the global maximum)."""
-        groups = [_group_key(p) for p in chosen.prompts]
-        flags = torch.tensor(valid, device=r2.device, dtype=torch.long)
-        advantages = self.retry_advantages(
-            processes.gather_object(groups),
+    def _every_retry(self, processes, plan: Sharing, chosen: Gated, r2, scored, success):
+        """Every process's retries: GRPO's sampler gives each process a contiguous slice of
+        the generation batch, so one prompt's generations (and its retries, and with sharing
+        a reflection's retries) can live on several processes. Like GRPO for r1, gather them;
+        every process holds the same number of retries here (padded to the global maximum)."""
+        flags = torch.tensor(list(zip(scored, success)), device=r2.device, dtype=torch.long)
+        pairs = processes.gather_object(list(zip(plan.groups, plan.source)))
+        flags = processes.gather(flags).bool()
+        return EveryRetry(
+            [group for group, _ in pairs],
+            [source for _, source in pairs],
             processes.gather(chosen.r1),
             processes.gather(r2),
-            processes.gather(flags).bool().tolist(),
-            self.settings.scale_rewards != "none",
+            flags[:, 0].tolist(),
+            flags[:, 1].tolist(),
         )
-        start = processes.index * len(groups)
-        return list(advantages[start : start + len(groups)])
+
+    def _credit(self, processes, plan: Sharing, every: EveryRetry) -> tuple[list, list]:
+        """(reflection advantages, retry advantages) of this process's rows: `retry_advantages`
+        over every process's retries, in `plan.groups` (a prompt's; sharing, a reflection's),
+        sliced back to this process's. Without sharing a reflection gets its retry's."""
+        scale = self.settings.scale_rewards != "none"
+        advantages = self.retry_advantages(every.groups, every.r1, every.r2, every.scored, scale)
+        start = processes.index * len(plan.groups)
+        retries = list(advantages[start : start + len(plan.groups)])
+        if plan.reflection_groups is None:
+            return retries, retries
+        return self._reflection_credit(processes, plan, every, scale), retries
+
+    def _reflection_credit(self, processes, plan: Sharing, every: EveryRetry, scale) -> list:
+        """Sharing: the same hook over every process's reflections, grouped by prompt, each a
+        row with r1 = the mean r1 of the attempts that retried with it and r2 = the mean r2
+        of its scored retries, so a reflection is judged by what its retries gained (one
+        with no scored retry carries nothing; a lone one in its group: mean r2 - mean r1)."""
+        r1s: dict[int, list[float]] = defaultdict(list)
+        r2s: dict[int, list[float]] = defaultdict(list)
+        for source, r1, r2, ok in zip(
+            every.sources, every.r1.tolist(), every.r2.tolist(), every.scored
+        ):
+            if source >= 0:  # a filler retry read no reflection
+                r1s[source].append(r1)
+                if ok:
+                    r2s[source].append(r2)
+        positions = range(len(plan.reflection_groups))
+        advantages = self.retry_advantages(
+            [group or "" for group in plan.reflection_groups],
+            _means([r1s[p] for p in positions], every.r1),
+            _means([r2s[p] for p in positions], every.r1),
+            [group is not None and bool(r2s[p]) for p, group in enumerate(plan.reflection_groups)],
+            scale,
+        )
+        width = len(plan.reflecting.index)
+        return list(advantages[processes.index * width : (processes.index + 1) * width])
 
     # ---- Remember: every process applies the same records and offers in the same order.
 
-    def _remember(self, processes, chosen: Gated, lessons, shown, success, step: int) -> None:
-        """Apply every process's records (which entries a retry read, and how it ended), then
-        offer its reflections whose retry succeeded, in process order everywhere."""
+    def _remember(self, processes, plan: Sharing, lessons, shown, every, step: int) -> None:
+        """Apply every process's records (which entries a reflection read, and whether a retry
+        with it succeeded), then offer the reflections a retry succeeded with, once each, in
+        process order everywhere."""
+        succeeded = {source for source, ok in zip(every.sources, every.success) if ok}
+        start = processes.index * len(lessons)
+        worked = [start + slot in succeeded for slot in range(len(lessons))]
+        reflecting = plan.reflecting
         records = [
             ([e.order for e in entries], ok)
-            for entries, ok, valid in zip(shown, success, chosen.valid)
+            for entries, ok, valid in zip(shown, worked, reflecting.valid)
             if valid and entries
         ]
-        offers = [(text, lesson) for text, lesson, ok in zip(chosen.texts, lessons, success) if ok]
+        offers = [
+            (text, lesson) for text, lesson, ok in zip(reflecting.texts, lessons, worked) if ok
+        ]
         for orders, ok in processes.gather_object(records):
             self.memory.record(orders, ok)
         for text, lesson in processes.gather_object(offers):
@@ -501,12 +645,15 @@ class ERLStep:
     def _internalizing(self) -> bool:
         return self.settings.enable_internalization and self.settings.internalization_coef > 0
 
-    def _new_rows(self, backend, chosen, reflections, retries, advantages, success) -> NewRows:
+    def _new_rows(
+        self, backend, plan, chosen, reflections, retries, advantages, success
+    ) -> NewRows:
+        for_reflections, for_retries = advantages
         rows = NewRows(
             reflections.prompt_ids,
             reflections.completion_ids,
-            list(advantages),  # a reflection is credited with its retry's advantage
-            list(chosen.valid),
+            list(for_reflections),
+            list(plan.reflecting.valid),
             backend.trainable(reflections.completion_ids),
             list(reflections.logprobs),
         )
@@ -514,7 +661,7 @@ class ERLStep:
             NewRows(
                 retries.prompt_ids,
                 retries.completion_ids,
-                list(advantages),
+                list(for_retries),
                 list(chosen.valid),
                 backend.trainable(retries.completion_ids),
                 list(retries.logprobs),
@@ -537,8 +684,9 @@ class ERLStep:
 
     # ---- Metrics over every process.
 
-    def _metrics(self, backend, chosen, r2, valid, success, internalized, rows) -> dict[str, float]:
-        """The retries' `erl/` metrics over every process, and the stage's tally."""
+    def _metrics(self, backend, plan, r2, valid, success, internalized, rows) -> dict[str, float]:
+        """The retries' `erl/` metrics over every process, and the stage's tally (sharing, a
+        reflection serves several retries, so `erl/retries` counts the scored ones apart)."""
         processes = backend.processes
         mask = torch.tensor(valid, device=r2.device) & ~torch.isnan(r2)
         stats = torch.tensor(
@@ -547,7 +695,7 @@ class ERLStep:
                 mask.sum().item(),
                 float(sum(success)),
                 float(internalized),
-                float(sum(chosen.valid)),
+                float(sum(plan.reflecting.valid)),
             ],
             device=r2.device,
         )
@@ -558,6 +706,8 @@ class ERLStep:
             "erl/internalization_rows": total_internalized,
             "erl/reflections": written,
         }
+        if plan.reflection_groups is not None:
+            metrics["erl/retries"] = gated
         if total_internalized:
             metrics["erl/internalization_loss"] = self._internalization_loss(
                 backend, rows, internalized, r2.device
@@ -588,6 +738,13 @@ class ERLStep:
 def _group_key(prompt) -> str:
     """What names a prompt's group (its GRPO generations share the prompt exactly)."""
     return json.dumps(prompt, sort_keys=True, default=str)
+
+
+def _means(values: list[list[float]], like: torch.Tensor) -> torch.Tensor:
+    """The mean of each list (0 for an empty one, which the caller marks not valid)."""
+    return torch.tensor(
+        [sum(v) / len(v) if v else 0.0 for v in values], dtype=like.dtype, device=like.device
+    )
 
 
 def _global_sum(processes, count: int, like: torch.Tensor) -> float:

@@ -53,6 +53,7 @@ from pipeline.erl.step import (  # noqa: E402
     RetryAdvantages,
     SelectReflecting,
     call_feedback,
+    refuse_select_with_sharing,
     retry_advantages,
 )
 from pipeline.erl.upstream import (  # noqa: E402
@@ -90,7 +91,8 @@ class ERLTrainer(GRPOTrainer):
     `retry_advantages(groups, r1, r2, valid, scale) -> list[float]`, how reflection and
     retry rows are credited (default `pipeline.erl.step.retry_advantages`);
     `select_reflecting(groups) -> list[bool]`, which gated first attempts reflect (default:
-    all; `pipeline.erl.step.SelectReflecting`).
+    all; `pipeline.erl.step.SelectReflecting`), refused beside `reflections_per_group`, which
+    chooses them too.
     """
 
     _tag_names = ["trl", "grpo", "erl"]
@@ -112,6 +114,7 @@ class ERLTrainer(GRPOTrainer):
             name = model if isinstance(model, str) else model.config._name_or_path
             args = ERLConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-ERL")
         _refuse_unsupported(model, args, feedback_func, memory, kwargs)
+        refuse_select_with_sharing(select_reflecting, args.reflections_per_group)
         if not isinstance(model, str):
             add_mode_switches(model)  # before the base's __init__, which reads the precision mark
         super().__init__(model, reward_funcs, args, *positional, **kwargs)

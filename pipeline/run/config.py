@@ -323,7 +323,9 @@ def config_changes(path: Path, config: dict[str, Any], output_dir: Path | None =
 
     if not path.exists():
         return ""
-    started = {"method": "erl"} | json.loads(path.read_text())  # older runs: always ERL
+    # Older runs: always ERL, one reflection per gated attempt (options added since, at the
+    # value that trains as those runs did).
+    started = {"method": "erl", "reflections_per_group": 0} | json.loads(path.read_text())
     for name, (default, why) in REMOVED_OPTIONS.items():
         value = started.pop(name, default)
         if value != default:
