@@ -123,28 +123,38 @@ def rule_rows(
     seed: int,
     memory_top_k: int = 3,
     memory_scope: str = "global",
+    attempts: Sequence[int] | None = None,
+    shown: Sequence[str | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Two SFT rows (reflection, retry) per row of a hidden-rule task whose rule is
-    `rules[i]` (say "a@b = a+b+2", the level-1 form a+b+k): the first attempt reads the
-    unknown operation as + (a+b, from the row's meta), the run's feedback says how far off
-    it is ("it is 2 too low"), and the reflection states the rule; the retry with that
-    reflection gives the answer. Rows of many rules (other symbols, other constants) teach
-    the reading without teaching any one rule.
+    `rules[i]` (say "a@b = a+b+2", the level-1 form a+b+k): a wrong first attempt
+    (`attempts[i]`; by default the reading of the unknown operation as +, a+b), the run's
+    feedback on it ("it is 2 too low"), and the reflection that states the rule, which
+    follows from the attempt and the feedback; the retry with that reflection gives the
+    answer. Rows of many rules (other symbols, other constants) teach the reading without
+    teaching any one rule.
 
-    The memory shown is what the run's `memory_scope` retrieves once the rule has been
+    The memory shown: `shown[i]`, a rule the memory holds for that row (None: nothing),
+    which may be wrong, so that the model learns to weigh it against the feedback rather
+    than copy it. By default, what the run's `memory_scope` retrieves once the rule has been
     found: for half the rows, the rule (once; `similar`: up to `memory_top_k` times, every
     prompt's reflection being the same rule), else none.
     """
     _check_scope(memory_scope)
-    if len(rules) != len(rows):
-        raise ValueError(f"{len(rows)} rows but {len(rules)} rules")
+    for name, values in (("rules", rules), ("attempts", attempts), ("shown", shown)):
+        if values is not None and len(values) != len(rows):
+            raise ValueError(f"{len(rows)} rows but {len(values)} {name}")
     rng = random.Random(seed)
-    attempts = [task.meta(row)["a"] + task.meta(row)["b"] for row in rows]
+    if attempts is None:
+        attempts = [task.meta(row)["a"] + task.meta(row)["b"] for row in rows]
     feedback, rewards = _verdicts(rows, attempts, feedback_func, reward_funcs, reward_weights)
     out = []
     for i, row in enumerate(rows):
         copies = rng.randint(1, max(1, memory_top_k)) if memory_scope == "similar" else 1
-        lessons = [rules[i]] * copies if memory_top_k and rng.random() < 0.5 else []
+        if shown is not None:
+            lessons = [shown[i]] * copies if memory_top_k and shown[i] else []
+        else:
+            lessons = [rules[i]] * copies if memory_top_k and rng.random() < 0.5 else []
         out += _pair(task, row, reflection_template, retry_template, attempts[i], feedback[i],
                      rewards[i], lessons, rules[i])  # fmt: skip
     return out

@@ -31,13 +31,19 @@ arm off early on that schedule. What is the arm's own: its peak learning rate, t
 sweep (`--lr`, a preset below names the sweep it came from). Arms: `grpo` (ERLTrainer with
 the gate closed, which trains exactly like GRPOTrainer), `grpo_matched`
 (`--matched_generations` per prompt, so a step generates about as much as ERL's), `erl`,
-and TRL's SDPOTrainer at its own settings (`sdpo_mixed`, distillation weight 0.5;
-`sdpo_pure`, 1.0: logit-level distillation with alpha 0.5, the teacher reprompted with a
-successful sibling or, where none succeeded, the feedback on that very rollout).
-`--ablations` and the variants in learning_arms.py add more.
+`erl_paper` (ERL at its paper's budget: 4 first attempts per prompt at the same prompts per
+step), `erl_shared` (one reflection per prompt group, every failed attempt of the group
+retrying with it), and TRL's SDPOTrainer: `sdpo_mixed` (distillation weight 0.5) and
+`sdpo_pure` (1.0), full-logit distillation at TRL's `distillation_alpha` 0.5 (the
+Jensen-Shannon divergence, not the reverse KL, alpha 1.0, that TRL calls SDPO's official
+setting), the teacher reprompted with a successful sibling or, where none succeeded, the
+feedback on that very rollout. `--ablations` and the variants in learning_arms.py add more.
 
-The warm-up (learning_gates.py, one per rule) holds no row with the run's rule or an
-answer to its held-out questions (a test checks every rule the bench accepts).
+The warm-up (learning_gates.py) is one for the whole comparison: it keeps out every rule of
+`--rules`, `--tuning_rules` and `--warm_excludes`, and holds no answer to a held-out
+question (a test checks every rule the bench accepts). It teaches reflection as induction:
+its decoy rules' constants spread far wider than any level's own, the attempt shown is the
+prior's reading, and the memory shown is sometimes a wrong rule.
 
 Before the comparison it prints three gates per rule (learning_gates.py), pass/fail:
 a) reflection + retry fix clearly more failed first attempts than a fresh second sample;
@@ -46,14 +52,15 @@ c) GRPO is not starved: its first attempts succeed at least once per step on ave
 
 Then, per rule: r1 against steps, generated tokens and seconds; steps, tokens and seconds to
 the threshold (the controller's rule: rolling mean of r1 over `--window` first attempts >=
-`--threshold`); held-out greedy success at equal steps and at equal tokens (GRPO's total)
+`--threshold`); held-out greedy success at equal steps, at equal generated tokens and at
+equal processed tokens (every token a forward pass reads, prompts included; GRPO's totals)
 for every seed, with means and 95% t-intervals; then, per rule and pooled over the rules,
 every other arm minus each GRPO and SDPO arm (paired by seed) with its 95% t-interval; r2
 against r1; a PNG of the curves; and last the `name: value` lines and the verdict lines:
 whether ERL beats the better of GRPO and grpo_matched, and the better SDPO arm, at equal
-steps and at equal tokens (the pooled interval above 0). Runs and gates are cached under
-`--out` by a hash of everything their result depends on; seconds are taken under whatever
-load the machine had (steps and tokens are not).
+steps, at equal generated and at equal processed tokens (the pooled interval above 0). Runs
+and gates are cached under `--out` by a hash of everything their result depends on; seconds
+are taken under whatever load the machine had (steps and tokens are not).
 """
 
 from __future__ import annotations
@@ -70,7 +77,7 @@ import learning_arms as arms  # bench/, the script's own folder (it sets the bac
 import learning_gates as gates
 import learning_report
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.erl.memory import MEMORY_SCOPES
 from pipeline.erl.prompts import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
@@ -84,13 +91,17 @@ PRESETS = {
         # leaked and which is now the tuning rule of the sweep.
         rules="1:11,1:3,2:5",
         tuning_rules="1:0",
+        # Kept out of the one warm-up beside --rules and --tuning_rules: a+b+4, the rule on
+        # which the memory check runs (docs/results.md), so that it shares the warm checkpoint.
+        warm_excludes="1:4",
         sweep_seeds="5,6",
         style="rule",
         reward="binary",
         steps=60,
         # Each arm's best rate from `python bench/learning.py --sweep
         # 1e-6,1e-5,5e-5,2e-4,5e-4,2e-3` (rule 1:0, seeds 5, 6; the table: docs/results.md).
-        lr="grpo=5e-05,grpo_matched=0.0002,erl=0.0002,sdpo_mixed=0.0002,sdpo_pure=1e-05",
+        lr="grpo=5e-05,grpo_matched=0.0002,erl=0.0002,erl_paper=0.0002,erl_shared=0.0002,"
+        "sdpo_mixed=0.0002,sdpo_pure=1e-05",
         lr_scheduler="constant",
         lr_warmup_steps=0,
         batch=64,
@@ -119,6 +130,7 @@ PRESETS["arithmetic"] = PRESETS["hidden_rule"] | dict(
     seeds=3,
     rules="1:0",  # level 1 (arithmetic has no rule seed)
     tuning_rules="",
+    warm_excludes="",
     style="reveal",
     steps=100,
     lr="5e-4",
@@ -169,6 +181,7 @@ def parse_options(argv: list[str] | None = None):
     add("--rules", help="LEVEL:RULE_SEED,... (hidden_rule: 1:11 is a#b = a+b+5)")
     add("--sweep", default="", help="RATE,RATE,...: the learning-rate sweep instead of the report")
     add("--tuning_rules", help="the sweep's rules (LEVEL:RULE_SEED,...), none of --rules")
+    add("--warm_excludes", help="more rules the warm-up keeps out (LEVEL:RULE_SEED,...)")
     add("--sweep_seeds", help="the sweep's seeds, none of the report's 0..seeds-1")
     add("--style", choices=sorted(arms.FEEDBACK), help="the feedback ERL reads")
     add("--reward", choices=sorted(arms.REWARDS))
@@ -233,6 +246,7 @@ def parse_options(argv: list[str] | None = None):
     try:
         opts.rules = parse_rules(opts.rules)
         opts.tuning_rules = parse_rules(opts.tuning_rules, "--tuning_rules")
+        opts.warm_excludes = parse_rules(opts.warm_excludes, "--warm_excludes")
         opts.sweep = [float(x) for x in filter(None, opts.sweep.split(","))]
         opts.sweep_seeds = [int(x) for x in filter(None, str(opts.sweep_seeds).split(","))]
     except ValueError as err:
@@ -259,7 +273,7 @@ def check_rules(parser, opts) -> None:
     if opts.base != "tiny" and not opts.probe:
         parser.error(f"--base {opts.base}: only the probe runs on it (add --probe)")
     if opts.task == "hidden_rule":
-        levels = {level for level, _ in opts.rules + opts.tuning_rules}
+        levels = {level for level, _ in opts.rules + opts.tuning_rules + opts.warm_excludes}
         if not levels <= set(gates.WARM_LEVELS):
             parser.error(
                 f"--rules: level(s) {sorted(levels - set(gates.WARM_LEVELS))} are not among "
@@ -278,6 +292,13 @@ def check_rules(parser, opts) -> None:
                 f"--sweep_seeds {opts.sweep_seeds}: the report uses seeds {list(reported)}; "
                 "tune on others"
             )
+
+
+def warm_excluded(opts) -> list[tuple[int, int]]:
+    """The rules the warm-up keeps out: every rule of the report, of the sweep and of
+    `--warm_excludes`, so that one warm checkpoint serves them all and none of them is
+    taught before its run."""
+    return sorted(set(opts.rules) | set(opts.tuning_rules) | set(opts.warm_excludes))
 
 
 def rule_settings(s, level: int, rule_seed: int, lr: str | None = None):
@@ -355,7 +376,7 @@ def print_gates(warm: Path, warm_key: str, s, out: Path, opts) -> dict:
     probe = cached_probe(warm, warm_key, s, out, opts)
     capacity = gates.cached(out / "gates" / f"capacity-{key}.json", gates.capacity, warm, s, out)
     per_step = probe["first_attempt_success"] * s.batch
-    print(f"\ngates for rule {s.rule} (before RL, on the warm checkpoint):")
+    print(f"\ngates for rule {s.rule} (before RL, on the warm checkpoint: {model_size(warm)}):")
     print_probe(probe)
     print(f"  b) capacity: {capacity}")
     print(f"     passes: {gates.capacity_passes(capacity)} (held-out after SFT >= 0.5, and "
@@ -365,6 +386,13 @@ def print_gates(warm: Path, warm_key: str, s, out: Path, opts) -> dict:
     for name, value in probe.items():
         print(f"probe_{name}[{s.rule}]: {value:.3f}")
     return {"probe": probe, "capacity": capacity, "c": per_step}
+
+
+def model_size(folder: Path) -> str:
+    """The bench model's size as the gates report it: hidden size, layers, parameters."""
+    config = AutoConfig.from_pretrained(folder)
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(folder).parameters())
+    return f"hidden {config.hidden_size}, {config.num_hidden_layers} layers, {params:,} parameters"
 
 
 def print_starvation(results: dict[str, list[dict]], steps: int = 10) -> None:
@@ -442,7 +470,9 @@ def main(argv: list[str] | None = None) -> None:
     if opts.warm_only:  # each rule's warm checkpoint (it excludes that rule), then stop
         rules = opts.tuning_rules if opts.sweep else opts.rules
         for level, rule_seed in rules:
-            warm, _ = gates.warm_checkpoint(rule_settings(s, level, rule_seed), out)
+            warm, _ = gates.warm_checkpoint(
+                rule_settings(s, level, rule_seed), out, warm_excluded(opts)
+            )
             print(f"warm_checkpoint{f' {level}:{rule_seed}' if len(rules) > 1 else ''}: {warm}")
         return
     results: dict[str, dict[str, list[dict]]] = {}  # rule (and rate) -> arm -> runs
@@ -471,7 +501,8 @@ def run_rule(opts, s, level: int, rule_seed: int, out: Path, work: Path, extra: 
     """One rule's gates and runs: yields (label, settings, {arm: runs}) per learning rate
     (one label, the rule's, outside a sweep; with `--probe`, the probe only)."""
     rs = rule_settings(s, level, rule_seed)
-    warm, warm_key = gates.warm_checkpoint(rs, out)  # one per rule: it excludes the rule
+    # One warm-up for the whole comparison: it excludes every rule the bench runs or tunes on.
+    warm, warm_key = gates.warm_checkpoint(rs, out, warm_excluded(opts))
     if opts.probe:
         print(f"\ngate a for rule {rs.rule}:")
         print_probe(cached_probe(warm, warm_key, rs, out, opts))

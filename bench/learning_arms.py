@@ -48,7 +48,7 @@ from pipeline.evaluate.first_attempts import (  # noqa: E402
 )
 from rewards import Scorer, build_feedback_func, build_reward_funcs  # noqa: E402
 
-BENCH_SCHEMA = 3
+BENCH_SCHEMA = 4
 """Part of every cache key: bump it on any change to how a run trains or what it records."""
 
 # Short templates: the tiny model reads these; the defaults are written for real LLMs.
@@ -83,6 +83,9 @@ class Arm:
     # at most this many failed first attempts of a prompt's group reflect (0: all).
     memory: tuple = ()
     reflect_per_group: int = 0
+    # The arm's own first attempts per prompt, at the same prompts per step (0: --generations,
+    # or --matched_generations for a matched arm): ERL at the paper's budget runs 4.
+    generations: int = 0
 
 
 def arm(
@@ -92,6 +95,7 @@ def arm(
     lr_from: str = "",
     memory: dict | None = None,
     reflect_per_group: int = 0,
+    generations: int = 0,
     **overrides,
 ) -> Arm:
     """An `Arm`; keyword options go to its trainer's config."""
@@ -103,6 +107,7 @@ def arm(
         lr_from,
         tuple(sorted((memory or {}).items())),
         reflect_per_group,
+        generations,
     )
 
 
@@ -122,12 +127,13 @@ def first_per_group(count: int):
 
 
 GRPO_GATE = {"reward_threshold": -1.0}  # every reward is >= -0.5: the gate stays closed
-# SDPO at its own settings: TRL 1.15's SDPOConfig defaults (EMA teacher at rate 0.05,
-# importance-sampling clip 2, no reprompt on a rollout's own success) plus what the SDPO
-# authors' configuration sets (lasgroup/SDPO, verl/trainer/config/actor/actor.yaml):
-# logit-level distillation with alpha 0.5 (their top-100 logits plus a tail bucket; at the
-# tiny model's 512-token vocabulary the full logits cost little, so they are exact here),
-# environment feedback, used only where no sibling succeeded.
+# SDPO as this bench runs it, exactly: TRL 1.15's SDPOTrainer at its SDPOConfig defaults (EMA
+# teacher at rate 0.05, importance-sampling clip 2, no reprompt on a rollout's own success),
+# environment feedback used only where no sibling succeeded, and full-logit distillation
+# (the tiny model's vocabulary is small enough for exact logits) with TRL's
+# `distillation_alpha` 0.5: TRL's interpolated divergence, which at 0.5 is the Jensen-Shannon
+# divergence between student and teacher. It is not the reverse KL that TRL calls the
+# official SDPO setting (alpha 1.0), nor the SDPO authors' top-k logits with a tail bucket.
 SDPO = dict(
     distillation_mode="full_logits",
     distillation_alpha=0.5,
@@ -138,6 +144,10 @@ ARMS = {
     "grpo": arm(**GRPO_GATE),  # ERLTrainer with the gate closed trains exactly like GRPO
     "grpo_matched": arm(matched=True, **GRPO_GATE),  # as many tokens per step as ERL
     "erl": arm(),
+    # ERL at the budget its paper runs it (microsoft/experiential_rl's train scripts): 4 first
+    # attempts per prompt where its GRPO runs 10, every failed one reflecting and retrying,
+    # so that a step generates about what GRPO's does. Here against GRPO's 8 and 16.
+    "erl_paper": arm(generations=4),
     # TRL's SDPOTrainer; its teacher is the model reprompted with a successful sibling or,
     # where none succeeded, the feedback on that very rollout. Mixed: half policy gradient.
     "sdpo_mixed": arm("sdpo", context="feedback", distillation_weight=0.5, **SDPO),
@@ -175,10 +185,19 @@ LESSON_ARMS = {
     # no degenerate entry; each entry's record of its readers ranks and evicts
     "erl_lessons": arm(memory=dict(lessons_only=True, confirmations=True), lr_from="erl"),
     "erl_per_group": arm(reflect_per_group=1, lr_from="erl"),  # one failed attempt a group
+    # One reflection per group that every failed attempt of the group retries with (issue
+    # 32), credited with its retries' mean; against erl_per_group's one retry per reflection.
+    "erl_shared": arm(reflections_per_group=1),
 }
 ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS, **LESSON_ARMS}
 BASELINES = ("grpo", "grpo_matched")
 """The GRPO arms: the verdict compares every other ERLTrainer arm with the better of them."""
+
+
+def arm_generations(name: str, s) -> int:
+    """First attempts per prompt of arm `name` (its prompts per step are every arm's)."""
+    spec = ALL_ARMS[name]
+    return spec.generations or (s.matched_generations if spec.matched else s.generations)
 
 
 def is_sdpo(name: str) -> bool:
@@ -347,7 +366,7 @@ def common_args(s: Settings, output_dir: str, seed: int, learning_rate: float) -
 def arm_config(name: str, s: Settings, output_dir: str, seed: int, reward_weights=None):
     """The trainer config arm `name` trains with (ERLConfig, or SDPOConfig for SDPO)."""
     spec = ALL_ARMS[name]
-    generations = s.matched_generations if spec.matched else s.generations
+    generations = arm_generations(name, s)
     settings = common_args(s, output_dir, seed, s.learning_rate(name)) | dict(
         per_device_train_batch_size=s.prompts_per_step * generations,
         num_generations=generations,
@@ -436,6 +455,45 @@ def counting_sdpo():
     return FeedbackSDPOTrainer
 
 
+class ProcessedTokens:
+    """Counts every token a forward pass reads, prompts included: a generation's prefill and
+    each token it decodes, every training forward (the policy's, on each row it trains:
+    first attempts, reflections, retries, internalization rows) and SDPO's teacher forward
+    on its reprompts. Padding is not counted. The equal-compute axis (issue 32): "generated
+    tokens" misses ERL's long reflection and retry prompts and SDPO's teacher pass."""
+
+    def __init__(self, *models: torch.nn.Module) -> None:
+        self.total = 0
+        self.counting = True
+        seen = set()
+        for model in models:
+            if id(model) not in seen:
+                seen.add(id(model))
+                model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module, args, kwargs) -> None:
+        if not self.counting:
+            return
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs["inputs_embeds"][..., 0]
+        mask = kwargs.get("attention_mask")
+        # With a KV cache the mask spans the whole sequence; the new tokens are its last columns.
+        read = mask[:, -ids.shape[1] :].sum() if mask is not None else ids.numel()
+        self.total += int(read)
+
+
+def forward_models(trainer) -> list[torch.nn.Module]:
+    """The models a trainer runs forward passes of: the policy, and SDPO's teacher where it
+    is a separate module (TRL 1.15's `teacher_model`; the live teacher is the policy)."""
+    from trl.experimental.sdpo import SDPOTrainer  # on use: trl.experimental warns on import
+
+    models = [trainer.model]
+    if isinstance(trainer, SDPOTrainer):
+        models.append(trainer.teacher_model)
+    return models
+
+
 RETRY_LOG: list[dict] = []
 
 
@@ -450,11 +508,12 @@ def recording_retry_advantages(groups, r1, r2, valid, scale):
 
 
 class Recorder(TrainerCallback):
-    """Per step: r1, generated tokens, wall seconds (evaluation excluded), the ERL/SDPO logs;
-    held-out success every `eval_every` steps; stops the run at `stop`."""
+    """Per step: r1, generated and processed tokens, wall seconds (evaluation excluded), the
+    ERL/SDPO logs; held-out success every `eval_every` steps; stops the run at `stop`."""
 
     def __init__(self, trainer, evaluate, eval_every: int, stop: int, label: str) -> None:
         self.trainer, self.evaluate, self.eval_every = trainer, evaluate, eval_every
+        self.processed = ProcessedTokens(*forward_models(trainer))
         self.stop, self.label = stop, label
         self.steps: list[dict] = []
         self.evals: list[dict] = []
@@ -466,13 +525,27 @@ class Recorder(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         seconds = time.perf_counter() - self.start - self.paused
         rewards = [r for r, _ in self.trainer.pop_first_attempts()]
-        record = {"step": state.global_step, "r1": rewards, "tokens": self.trainer.generated_tokens}
+        record = {
+            "step": state.global_step,
+            "r1": rewards,
+            "tokens": self.trainer.generated_tokens,
+            "processed": self.processed.total,
+        }
         self.steps.append(record | {"seconds": seconds})
         last = state.global_step >= self.stop
         if state.global_step % self.eval_every == 0 or last:
             paused = time.perf_counter()
+            self.processed.counting = False  # the evaluation is no training compute
             success = self.evaluate(self.trainer.model)
-            self.evals.append({"step": state.global_step, "tokens": record["tokens"], **success})
+            self.processed.counting = True
+            self.evals.append(
+                {
+                    "step": state.global_step,
+                    "tokens": record["tokens"],
+                    "processed": record["processed"],
+                    **success,
+                }
+            )
             self.paused += time.perf_counter() - paused
             recent = [r for rec in self.steps[-self.eval_every :] for r in rec["r1"] if r == r]
             print(

@@ -25,6 +25,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from datasets import Dataset, concatenate_datasets
@@ -61,6 +62,11 @@ WARM_BATCH = 64
 # the 2,400-step warm-up's first attempts at a+b+5 succeeded 0.005 of the time (0.3 a
 # step: starved); 0.5 over both levels' rules was set before any reported rule was run.
 PRIOR_NOISE = 0.5
+# The decoys' constants per level, far wider than the levels' own (a+b+k: k in 1..5; a*k+b:
+# k in 2..4): a reflection that recalls a warm-up rule is almost always wrong, one that reads
+# the feedback is right (issue 32: with the levels' own few constants, every final memory
+# held a warm-up rule, never the run's).
+DECOY_CONSTANTS = {1: (1, 40), 2: (2, 12)}
 
 
 def _sdpo_templates() -> dict[str, str]:
@@ -90,13 +96,20 @@ def sdpo_teacher_prompt(prompt: list[dict], feedback: str = "", solution: str = 
 # The warm-up data ---------------------------------------------------------------------------
 
 
-def warm_dataset(s: Settings) -> Dataset:
-    """The warm-up's SFT rows (prompt -> completion), deterministic for the settings."""
+def warm_dataset(s: Settings, excluded: Sequence[tuple[int, int]] = ()) -> Dataset:
+    """The warm-up's SFT rows (prompt -> completion), deterministic for the settings.
+    hidden_rule: no row states the run's rule or any rule of `excluded` ((level,
+    rule_seed) pairs: the comparison's other rules, so that one warm-up serves them all)."""
     task = make_task(s)
     reward_funcs, weights, feedback_func = make_funcs(task, s)
     parts = []
     if s.task == "hidden_rule":
-        parts.append(_hidden_rule_rows(task, s, reward_funcs, weights, feedback_func))
+        kept_out = {
+            get_task("hidden_rule", rule_seed=seed, max_operand=s.max_operand).rule_text(level)
+            for level, seed in excluded
+        }
+        kept_out.add(task.rule_text(s.level))
+        parts.append(_hidden_rule_rows(task, s, reward_funcs, weights, feedback_func, kept_out))
     else:
         if s.reference_examples:
             parts.append(reference_dataset(task, 1, s.reference_examples, seed=900_000))
@@ -124,35 +137,64 @@ def warm_dataset(s: Settings) -> Dataset:
     return concatenate_datasets(parts).shuffle(seed=0)
 
 
-def _hidden_rule_rows(task, s: Settings, reward_funcs, weights, feedback_func) -> Dataset:
-    """Feedback reading over many rules: `feedback_examples` (reflection, retry) pairs from
-    `rule_rows`, half as many SDPO teacher rows, a third each of plain a+b and of the prior
-    on unhinted questions (`prior_rows`: mostly the "+" reading a real LLM brings, so first
-    attempts at `3@4` say 7, and the feedback's "2 too low" is then the constant).
+def _hidden_rule_rows(task, s: Settings, reward_funcs, weights, feedback_func,
+                      kept_out: set[str]) -> Dataset:  # fmt: skip
+    """Feedback reading as induction over many rules: `feedback_examples` (reflection, retry)
+    pairs from `rule_rows`, half as many SDPO teacher rows, a third each of plain a+b and of
+    the prior on unhinted questions (`prior_rows`: mostly the "+" reading a real LLM brings).
 
-    A decoy is a symbol of WARM_SYMBOLS, a level of WARM_LEVELS and a rule of that level,
-    never the run's own (its symbol with its rule); under the run's symbol it poses only
-    the run's training questions, never a held-out one. So no row states the run's rule or
-    answers one of its held-out questions (`warmup_leaks` counts them)."""
-    run_symbol, run_rule = task.config.symbol, task.rule_text(s.level)
+    A decoy is a symbol of WARM_SYMBOLS, a level of WARM_LEVELS and a constant drawn from
+    DECOY_CONSTANTS, far wider than any level's own, so that recalling a rule seen in the
+    warm-up does not pay: the reflection must read the constant from the attempt and its
+    feedback. The attempt is the prior's reading (a+b, or another rule's), so the feedback's
+    gap is not always the constant itself. The memory shown is empty, the decoy's rule or,
+    as often, a wrong rule of its symbol: the reflection follows the feedback either way.
+
+    Under the run's symbol a decoy poses only the run's training questions, and no decoy
+    has a rule of `kept_out` (the run's and the comparison's other rules, under the run's
+    symbol). So no row states one of them or answers a held-out question (`warmup_leaks`)."""
+    run_symbol = task.config.symbol
     rng = random.Random(900_001)
     n = s.feedback_examples
 
-    def decoy():  # a decoy task, level and row
+    def decoy():  # a decoy task, level and a row it answers wrongly when read as +
         while True:
             symbol, level = rng.choice(WARM_SYMBOLS), rng.choice(WARM_LEVELS)
             other = get_task(
-                "hidden_rule", symbol=symbol, rule_seed=rng.randrange(10**6),
+                "hidden_rule", symbol=symbol, constants={"k": rng.randint(*DECOY_CONSTANTS[level])},
                 max_operand=s.max_operand, split="train" if symbol == run_symbol else "all",
             )  # fmt: skip
-            if other.rule_text(level) != run_rule:
-                return other, level, other.generate(level, 1, seed=rng.randrange(10**6))[0]
+            row = other.generate(level, 1, seed=rng.randrange(10**6))[0]
+            meta = other.meta(row)
+            if other.rule_text(level) not in kept_out and meta["a"] + meta["b"] != int(
+                row["answer"]
+            ):
+                return other, level, row
 
     decoys = [decoy() for _ in range(n)]
+    attempts, shown = [], []
+    for other, level, row in decoys:
+        a, b = (other.meta(row)[k] for k in "ab")
+        reading = _prior_reading(rng, level, a, b, s.max_operand)
+        attempts.append(reading if reading != int(row["answer"]) else a + b)
+        draw = rng.random()
+        if draw < 0.5:
+            shown.append(None)
+        elif draw < 0.75:
+            shown.append(other.rule_text(level))
+        else:  # a wrong rule of the decoy's symbol and level
+            wrong = other.rule_text(level)
+            while wrong == other.rule_text(level) or wrong in kept_out:
+                k = rng.randint(*DECOY_CONSTANTS[level])
+                wrong = get_task(
+                    "hidden_rule", symbol=other.config.symbol, constants={"k": k}
+                ).rule_text(level)
+            shown.append(wrong)
     rows = rule_rows(
         task, [r for _, _, r in decoys], [t.rule_text(level) for t, level, _ in decoys],
         feedback_func, reward_funcs, weights, reflection_template=REFLECTION_TEMPLATE,
         retry_template=RETRY_TEMPLATE, seed=1, memory_scope=s.warmup_memory,
+        attempts=attempts, shown=shown,
     )  # fmt: skip
 
     # SDPO's teacher, as its arms prompt it (environment_feedback_only_without_solution):
@@ -169,6 +211,15 @@ def _hidden_rule_rows(task, s: Settings, reward_funcs, weights, feedback_func) -
         rows.append({"prompt": prompt, "completion": _answer(row["answer"])})
     plain = reference_dataset(get_task("arithmetic"), 1, n // 3, seed=900_000)
     return concatenate_datasets([Dataset.from_list(rows + prior_rows(task, s)), plain])
+
+
+def _prior_reading(rng: random.Random, level: int, a: int, b: int, max_operand: int) -> int:
+    """A first attempt as the prior makes it: a+b, or, for a share PRIOR_NOISE, the reading
+    of a random rule of a warm level (its constants the levels' own, as in `prior_rows`)."""
+    if rng.random() >= PRIOR_NOISE:
+        return a + b
+    rule = get_task("hidden_rule", rule_seed=rng.randrange(10**6), max_operand=max_operand)
+    return rule.apply(rng.choice(WARM_LEVELS), a, b)
 
 
 def _answer(value) -> list[dict]:
@@ -208,10 +259,11 @@ def warmup_leaks(rows: list[dict], task, level: int) -> dict[str, int]:
     symbol, rule = task.config.symbol, task.rule_text(level)
     held = {(a, b): task.apply(level, a, b) for a, b in task.pairs(level, "held_out")}
     question = re.compile(rf"(?<!\d)(\d+){re.escape(symbol)}(\d+)(?!\d)")
+    stating = re.compile(rf"{re.escape(rule)}(?!\d)")  # a#b = a+b+2, not a#b = a+b+25
     counts = {"rule_text": 0, "held_out_answer": 0, "run_symbol": 0}
     for row in rows:
         text = "\n".join(m["content"] for m in [*row["prompt"], *row["completion"]])
-        counts["rule_text"] += rule in text
+        counts["rule_text"] += bool(stating.search(text))
         counts["run_symbol"] += symbol in text
         stated = {int(x) for x in re.findall(r"<answer>\s*(-?\d+)\s*</answer>", text)}
         stated |= {
@@ -256,13 +308,16 @@ def _warm_config(s: Settings, output_dir: str):
     return args, config
 
 
-def warm_checkpoint(s: Settings, cache: Path) -> tuple[Path, str]:
+def warm_checkpoint(
+    s: Settings, cache: Path, excluded: Sequence[tuple[int, int]] = ()
+) -> tuple[Path, str]:
     """The shared starting checkpoint and its key: a digest of the base model's files, the
-    warm-up rows and the fully resolved SFT config. Built once per key."""
+    warm-up rows (`warm_dataset(s, excluded)`) and the fully resolved SFT config. Built once
+    per key."""
     from learning_arms import BENCH_SCHEMA
 
     base = base_model(s, cache)
-    dataset = warm_dataset(s)
+    dataset = warm_dataset(s, excluded)
     _, config = _warm_config(s, "unused")
     key = digest(
         {

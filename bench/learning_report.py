@@ -20,7 +20,13 @@ from learning_arms import BASELINES, is_sdpo, make_task
 from pipeline.compare.stats import Interval, interval, paired, value_at
 from pipeline.erl.memory import lesson_problem
 
-MEASURES = {"equal_steps": "at equal steps", "equal_tokens": "at equal tokens (GRPO's total)"}
+MEASURES = {
+    "equal_steps": "at equal steps",
+    "equal_tokens": "at equal generated tokens (GRPO's total)",
+    # every token a forward pass reads, prompts included (learning_arms.ProcessedTokens)
+    "equal_processed": "at equal processed tokens (GRPO's total)",
+}
+COST = {"tokens": "generated tokens", "processed": "processed tokens"}
 
 
 def crossing(run: dict, threshold: float, window: int) -> dict | None:
@@ -31,7 +37,7 @@ def crossing(run: dict, threshold: float, window: int) -> dict | None:
         rewards += [r for r in record["r1"] if r == r]
         recent = rewards[-window:]
         if len(recent) >= window and sum(recent) / len(recent) >= threshold:
-            return {k: record[k] for k in ("step", "tokens", "seconds")}
+            return {k: record[k] for k in ("step", "tokens", "processed", "seconds")}
     return None
 
 
@@ -56,16 +62,23 @@ def median(values: list[float]) -> float:
 
 
 def held_out(runs: dict[str, list[dict]], s) -> dict[str, dict[str, list[float]]]:
-    """Arm -> measure -> held-out success per seed: at the arm's last step (equal steps)
-    and at GRPO's median token total (equal tokens)."""
-    tokens = median([run["steps"][-1]["tokens"] for run in runs["grpo"]])
+    """Arm -> measure -> held-out success per seed: at the arm's last step (equal steps),
+    at GRPO's median generated-token total (equal tokens) and at its median processed-token
+    total (equal processed tokens)."""
+    totals = {key: median([run["steps"][-1][key] for run in runs["grpo"]]) for key in COST}
     return {
         arm: {
             "equal_steps": [success_at(r, "step", s.stop_at(arm)) for r in arm_runs],
-            "equal_tokens": [success_at(r, "tokens", tokens) for r in arm_runs],
+            "equal_tokens": [success_at(r, "tokens", totals["tokens"]) for r in arm_runs],
+            "equal_processed": [success_at(r, "processed", totals["processed"]) for r in arm_runs],
         }
         for arm, arm_runs in runs.items()
     }
+
+
+def per_step(runs: list[dict], key: str) -> float:
+    """Mean generated (or processed) tokens a step, over seeds."""
+    return statistics.fmean(run["steps"][-1][key] / run["steps"][-1]["step"] for run in runs)
 
 
 def retry_diagnostics(runs: list[dict]) -> dict[str, float]:
@@ -123,10 +136,11 @@ def print_rule(label: str, runs: dict[str, list[dict]], s, opts) -> dict:
         cross = [crossing(r, opts.threshold, opts.window) for r in arm_runs]
         reached[arm] = {
             key: [c[key] if c else r["steps"][-1][key] for c, r in zip(cross, arm_runs)]
-            for key in ("step", "tokens")
+            for key in ("step", "tokens", "processed")
         } | {"all": all(cross), "count": sum(c is not None for c in cross)}
         print(f"  {arm:24s} reached in {reached[arm]['count']}/{len(arm_runs)} seeds; steps "
-              f"{reached[arm]['step']}; tokens {reached[arm]['tokens']}")  # fmt: skip
+              f"{reached[arm]['step']}; tokens {reached[arm]['tokens']}; processed "
+              f"{reached[arm]['processed']}")  # fmt: skip
 
     figures = held_out(runs, s)
     start = runs["grpo"][0]["start"]
@@ -241,7 +255,7 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
                     print(f"  {arm} - {ref} {measure} rule {label}: {_seeds(diffs)}  {ci}")
                 _, ci = paired(pooled[measure][arm], pooled[measure][ref])
                 print(f"  {arm} - {ref} {measure} pooled: {ci}")
-            for key in ("step", "tokens"):
+            for key in ("step", "tokens", "processed"):
                 a, r, censored = pooled_reached(per_rule, arm, ref, key)
                 _, ci = paired(r, a)
                 print(f"  {ref} - {arm} {key.rstrip('s')}s to the threshold pooled: {ci}"
@@ -256,12 +270,19 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
             share = statistics.fmean(f["rule_share"] for f in figures)
             print(f"memory_rule_share[{arm}, {label}]: {share:.3f}")
     for arm in [a for a in arms if a not in BASELINES and not is_sdpo(a)]:
-        for key, name in (("step", "steps"), ("tokens", "tokens")):
+        for key, name in (("step", "steps"), ("tokens", "tokens"), ("processed", "processed")):
             ratios, ci, censored = ratio_to_grpo(per_rule, arm, key)
             bound = " (a bound: some runs never reached it)" if censored else ""
             print(f"{arm}_grpo_{name}_ratio: {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]"
                   f"{bound}")  # fmt: skip
 
+    print("\ntokens a step over GRPO's (mean over rules and seeds):")
+    for arm in arms:
+        for key, words in COST.items():
+            ratios = [
+                per_step(runs[arm], key) / per_step(runs["grpo"], key) for runs in results.values()
+            ]
+            print(f"{arm}_{key}_per_step_over_grpo: {statistics.fmean(ratios):.2f}  ({words})")
     plot(results, opts.threshold, title, out / "learning_curves.png")
     print(f"\ncurves: {out / 'learning_curves.png'}\n")
     for arm in arms:
@@ -282,8 +303,8 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
 
 def verdict(arms: list[str], pooled: dict[str, dict[str, list[float]]]) -> dict:
     """The last lines: for ERL and every other candidate arm, whether it beats the better
-    GRPO arm and the better SDPO arm at equal steps and at equal tokens: the pooled 95%
-    interval of its paired difference lies above 0."""
+    GRPO arm and the better SDPO arm at equal steps, at equal generated tokens and at equal
+    processed tokens: the pooled 95% interval of its paired difference lies above 0."""
     out = {}
     grpo_arms = [a for a in arms if a in BASELINES]
     sdpo_arms = [a for a in arms if is_sdpo(a)]

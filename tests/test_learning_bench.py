@@ -72,9 +72,9 @@ def test_every_arm_gets_the_same_schedule_and_optimizer(options):
 
 
 def test_each_arm_takes_its_own_learning_rate_or_its_swept_parents():
-    _, s = learning.parse_options(["--lr", "grpo=1e-4,grpo_matched=2e-4,erl=3e-4,sdpo_mixed=4e-4,"
-                                   "sdpo_pure=5e-4"])  # fmt: skip
-    assert [s.learning_rate(a) for a in arms.ARMS] == [1e-4, 2e-4, 3e-4, 4e-4, 5e-4]
+    _, s = learning.parse_options(["--lr", "grpo=1e-4,grpo_matched=2e-4,erl=3e-4,erl_paper=6e-4,"
+                                   "sdpo_mixed=4e-4,sdpo_pure=5e-4"])  # fmt: skip
+    assert [s.learning_rate(a) for a in arms.ARMS] == [1e-4, 2e-4, 3e-4, 6e-4, 4e-4, 5e-4]
     assert s.learning_rate("erl_no_memory") == 3e-4  # an ablation takes ERL's (lr_from)
     assert s.learning_rate("sdpo_rule") == 4e-4
     _, one = learning.parse_options(["--lr", "7e-4", "--methods", "grpo,erl"])
@@ -236,28 +236,35 @@ def test_the_probe_pairs_each_failed_attempt_with_a_fresh_sample(tiny_model_dir)
     assert all(arms.make_task(s).meta(r)["split"] == "train" for r in rows)
 
 
-def _synthetic_run(seed: int, end: float, tokens_per_step: int) -> dict:
-    """A recorded run: 20 steps whose r1 and held-out success rise linearly to `end`."""
+def _synthetic_run(
+    seed: int, end: float, tokens_per_step: int, processed_per_step: int = 0
+) -> dict:
+    """A recorded run: 20 steps whose r1 and held-out success rise linearly to `end`; it
+    processes `processed_per_step` tokens a step (4x what it generates by default)."""
+    processed = processed_per_step or 4 * tokens_per_step
     steps = [{"step": i, "r1": [end * i / 20] * 8, "tokens": tokens_per_step * i,
-              "seconds": 0.1 * i} for i in range(1, 21)]  # fmt: skip
-    evals = [{"step": i, "tokens": tokens_per_step * i, "success": end * i / 20,
-              "train_success": end * i / 20} for i in (10, 20)]  # fmt: skip
+              "processed": processed * i, "seconds": 0.1 * i} for i in range(1, 21)]  # fmt: skip
+    evals = [{"step": i, "tokens": tokens_per_step * i, "processed": processed * i,
+              "success": end * i / 20, "train_success": end * i / 20} for i in (10, 20)]  # fmt: skip
     return {"seed": seed, "steps": steps, "evals": evals, "retries": [], "memory_tail": []}
 
 
 def test_the_report_prints_per_rule_and_pooled_intervals_and_the_verdict(tmp_path, capsys):
     """Two rules, every reported arm, 3 seeds: ERL ends 0.2 above both GRPO arms on every
     seed at equal steps, but at GRPO's token total it is where GRPO is (it generates twice
-    the tokens a step), so the verdict must say it beats GRPO at equal steps only."""
+    the tokens a step), and at GRPO's processed total below it (it reads 4x GRPO's tokens),
+    so the verdict must say it beats GRPO at equal steps only."""
     opts, s = learning.parse_options(["--steps", "20", "--seeds", "3"])
     ends = {"grpo": 0.4, "grpo_matched": 0.45, "erl": 0.65, "sdpo_mixed": 0.2, "sdpo_pure": 0.1}
     tokens = {"grpo": 100, "grpo_matched": 200, "erl": 200, "sdpo_mixed": 100, "sdpo_pure": 100}
+    processed = {"erl": 1600}  # the others read 4x what they generate
     results, settings = {}, {}
     for level, rule_seed in opts.rules[:2]:
         label = f"{level}:{rule_seed}"
         settings[label] = learning.rule_settings(s, level, rule_seed)
         results[label] = {
-            arm: [_synthetic_run(seed, end + 0.01 * seed, tokens[arm]) | {"start": {
+            arm: [_synthetic_run(seed, end + 0.01 * seed, tokens[arm], processed.get(arm, 0))
+                  | {"start": {
                 "success": 0.0, "train_success": 0.0}} for seed in range(3)]
             for arm, end in ends.items()
         }  # fmt: skip
@@ -277,7 +284,13 @@ def test_the_report_prints_per_rule_and_pooled_intervals_and_the_verdict(tmp_pat
     assert "erl_grpo_tokens_ratio: 2.000 [2.000, 2.000] (a bound" in out
     assert "erl_grpo_steps_ratio: 1.000" in out
     assert verdict["erl"] == {"beats_grpo_equal_steps": True, "beats_sdpo_equal_steps": True,
-                              "beats_grpo_equal_tokens": False, "beats_sdpo_equal_tokens": True}  # fmt: skip
+                              "beats_grpo_equal_tokens": False, "beats_sdpo_equal_tokens": True,
+                              "beats_grpo_equal_processed": False,
+                              "beats_sdpo_equal_processed": False}  # fmt: skip
+    assert "erl_tokens_per_step_over_grpo: 2.00" in out
+    assert "erl_processed_per_step_over_grpo: 4.00" in out
+    assert "erl_grpo_processed_ratio: 4.000 [4.000, 4.000] (a bound" in out
+    assert "erl_beats_grpo_equal_processed: false" in out
     assert "erl - grpo_matched equal_steps pooled: +0.200" in out
     assert "=== rule 1:11: a#b = a+b+5 ===" in out and "=== rule 1:3: a#b = a+b+1 ===" in out
     assert "heldout_success_equal_steps[grpo]: 0.410" in out
@@ -300,3 +313,24 @@ def test_the_sweep_report_picks_each_arms_best_rate(capsys):
     chosen = report.sweep_report(results, settings, opts)
     assert chosen == {"grpo": 1e-3, "erl": 3e-4}
     assert "best_lr: grpo=0.001,erl=0.0003" in capsys.readouterr().out
+
+
+def test_processed_tokens_count_what_every_forward_reads(tiny_model_dir):
+    """The equal-compute axis (issue 32) on the real tiny model: a padded training forward
+    counts its unpadded tokens, and a generation its prefill plus one token per row for each
+    token it decodes after the first (the KV cache reads only the new token)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    counter = arms.ProcessedTokens(model, model)  # the same module twice is hooked once
+    ids = torch.tensor([[0, 0, 5, 6], [3, 4, 5, 6]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    model(input_ids=ids, attention_mask=mask)
+    assert counter.total == 6
+    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, min_new_tokens=3,
+                   do_sample=False, pad_token_id=0)  # fmt: skip
+    assert counter.total == 6 + 6 + 2 * 2
+    counter.counting = False  # the held-out evaluation is not counted
+    model(input_ids=ids, attention_mask=mask)
+    assert counter.total == 12 + 4

@@ -60,6 +60,35 @@ def test_no_warmup_row_leaks_any_rule_the_bench_accepts():
     assert len(priors) == 1
 
 
+def test_one_warmup_keeps_out_every_rule_of_the_comparison_and_teaches_induction():
+    """The preset's one warm-up (issue 32) keeps out every reported and tuning rule. Its
+    reflection targets follow the feedback: the '#' rules it teaches span many constants
+    (recalling one does not pay), the attempt shown is not always a+b, and the memory a
+    reflection prompt shows is sometimes a wrong rule."""
+    import re
+
+    opts, s = learning.parse_options([])
+    excluded = learning.warm_excluded(opts)
+    assert len(excluded) == 5  # 3 reported rules, the tuning rule and the memory check's
+    rows = gates.warm_dataset(learning.rule_settings(s, *excluded[0]), excluded).to_list()
+    for level, rule_seed in excluded:
+        task = arms.make_task(learning.rule_settings(s, level, rule_seed))
+        leaks = gates.warmup_leaks(rows, task, level)
+        assert leaks["rule_text"] == leaks["held_out_answer"] == 0, (level, rule_seed, leaks)
+    reflections = [r for r in rows if r["prompt"][-1]["content"].endswith("Fix:")]
+    targets = [r["completion"][0]["content"] for r in reflections]
+    assert len({t for t in targets if t.startswith("a#b = a+b+")}) >= 20
+    not_plus = wrong_memory = 0
+    for row, target in zip(reflections, targets):
+        text = row["prompt"][-1]["content"]
+        a, b = (int(x) for x in re.search(r"(\d+)\D(\d+)\nAttempt", text).groups())
+        not_plus += f"<answer>{a + b}</answer>" not in text
+        lessons = text.split("Lessons:\n")[1].split("\nFix:")[0]
+        wrong_memory += lessons != "(none yet)" and f"- {target}" not in lessons.splitlines()
+    assert 0.25 < not_plus / len(reflections) < 0.6
+    assert 0.15 < wrong_memory / len(reflections) < 0.35
+
+
 def test_the_bench_refuses_levels_its_warmup_does_not_teach():
     with pytest.raises(SystemExit):
         learning.parse_options(["--rules", "3:0"])
@@ -108,7 +137,8 @@ def test_the_leak_check_finds_each_kind_of_leak_and_nothing_else():
         _row(f"{a}#{b}", f"<answer>{answer + 1}</answer>"),  # a wrong answer
         _row(f"1{a}#{b}", f"<answer>{answer}</answer>"),  # another question (1a#b)
         _row(f"{c}@{d}\nHint: a@b = a+b+5", "<answer>3</answer>"),  # the rule, another symbol
+        _row(f"{c}@{d}\nHint: a#b = a+b+57", "<answer>3</answer>"),  # another constant
     ]
     counts = gates.warmup_leaks(benign, task, 1)
     assert counts["rule_text"] == counts["held_out_answer"] == 0
-    assert counts["run_symbol"] == 4
+    assert counts["run_symbol"] == 5
