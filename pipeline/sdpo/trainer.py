@@ -34,12 +34,14 @@ from pipeline.models.quantization import record_base_quantization, undo_qlora_bf
 
 FeedbackFunc = Callable[..., list[str]]
 
-# SDPO as the project runs it: TRL 1.15's SDPOConfig defaults (EMA teacher at rate 0.05,
-# importance-sampling clip 2, no reprompt on a rollout's own success) plus what the SDPO
-# authors' configuration sets (lasgroup/SDPO, verl/trainer/config/actor/actor.yaml): logit
-# distillation over the teacher's top 100 tokens plus a tail bucket with alpha 0.5,
-# environment feedback used only where no sibling succeeded; half policy gradient (the
-# fair bench's `sdpo_mixed`, level with ERL per step; docs/results.md).
+# SDPO as the project runs it: TRL 1.15's SDPOTrainer at its SDPOConfig defaults (EMA teacher
+# at rate 0.05, importance-sampling clip 2, no reprompt on a rollout's own success), logit
+# distillation over the teacher's top 100 tokens plus a tail bucket, environment feedback
+# used only where no sibling succeeded, half policy gradient (the fair bench's `sdpo_mixed`).
+# The divergence is TRL's at `distillation_alpha` 0.5: TRL's interpolation, which at 0.5 is
+# the Jensen-Shannon divergence. The SDPO authors' configuration (lasgroup/SDPO,
+# verl/trainer/config/actor/actor.yaml) also says alpha 0.5, but there it selects a Renyi
+# reverse KL (rho 0.25), which TRL does not implement: the numbers coincide, the losses do not.
 RUN_SETTINGS = dict(
     distillation_mode="topk_logits",
     distillation_topk=100,
