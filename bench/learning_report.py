@@ -261,6 +261,7 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
                 print(f"  {ref} - {arm} {key.rstrip('s')}s to the threshold pooled: {ci}"
                       + (" (a bound: some runs never reached it)" if censored else ""))  # fmt: skip
 
+    against_erl(arms, pooled)
     print("\nfinal memories (entries/degenerate/share stating the rule) and each candidate's "
           "steps and generated tokens to the threshold over GRPO's (pooled, mean and 95% CI):")  # fmt: skip
     for label, runs in results.items():
@@ -299,6 +300,18 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
     starts = [f["start"]["success"] for f in per_rule.values()]
     print(f"heldout_success_start: {statistics.fmean(starts):.3f}")
     return verdict(arms, pooled)
+
+
+def against_erl(arms: list[str], pooled: dict[str, dict[str, list[float]]]) -> None:
+    """Every other ERLTrainer arm minus `erl`, paired by seed and pooled over the rules: what
+    decides whether an option becomes a default (issue 32: "no worse per step")."""
+    if "erl" not in arms:
+        return
+    print("\nERL variants against erl (pooled, paired by seed, mean and 95% CI):")
+    for arm in [a for a in arms if a not in (*BASELINES, "erl") and not is_sdpo(a)]:
+        for measure in MEASURES:
+            _, ci = paired(pooled[measure][arm], pooled[measure]["erl"])
+            print(f"{arm}_minus_erl_{measure}: {ci.mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}]")
 
 
 def verdict(arms: list[str], pooled: dict[str, dict[str, list[float]]]) -> dict:

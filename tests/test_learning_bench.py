@@ -291,6 +291,7 @@ def test_the_report_prints_per_rule_and_pooled_intervals_and_the_verdict(tmp_pat
     assert "erl_processed_per_step_over_grpo: 4.00" in out
     assert "erl_grpo_processed_ratio: 4.000 [4.000, 4.000] (a bound" in out
     assert "erl_beats_grpo_equal_processed: false" in out
+    assert "erl_minus_erl" not in out  # the variants against erl: none ran here
     assert "erl - grpo_matched equal_steps pooled: +0.200" in out
     assert "=== rule 1:11: a#b = a+b+5 ===" in out and "=== rule 1:3: a#b = a+b+1 ===" in out
     assert "heldout_success_equal_steps[grpo]: 0.410" in out
@@ -334,3 +335,13 @@ def test_processed_tokens_count_what_every_forward_reads(tiny_model_dir):
     counter.counting = False  # the held-out evaluation is not counted
     model(input_ids=ids, attention_mask=mask)
     assert counter.total == 12 + 4
+
+
+def test_each_erl_variant_is_paired_against_erl(capsys):
+    """What a default is chosen by (issue 32): a variant minus erl, paired by seed."""
+    held = {"grpo": [0.1, 0.2, 0.3], "erl": [0.2, 0.3, 0.4], "erl_shared": [0.3, 0.4, 0.5],
+            "sdpo_mixed": [0.0, 0.0, 0.0]}  # fmt: skip
+    report.against_erl(list(held), {m: held for m in report.MEASURES})
+    out = capsys.readouterr().out
+    assert "erl_shared_minus_erl_equal_steps: +0.100" in out
+    assert "erl_shared_minus_erl_equal_processed" in out and "sdpo_mixed_minus" not in out
