@@ -87,7 +87,8 @@ PRESETS = {
     "hidden_rule": dict(
         # sdpo_pure (weight 1.0) left the report in issue 32: it was the weaker SDPO arm on
         # every rule of the last one (docs/log.md), and the CPU went to the new ERL arms.
-        methods="grpo,grpo_matched,erl,erl_paper,erl_shared,erl_per_group,erl_lessons,sdpo_mixed",
+        methods="grpo,grpo_matched,erl,erl_paper,erl_shared,erl_per_group,erl_lessons,"
+        "erl_defaults,sdpo_mixed",
         seeds=5,
         # Reported: a+b+5, a+b+1 and a*3+b. Not rule 1:0 (a+b+2), which the old warm-up
         # leaked and which is now the tuning rule of the sweep.
@@ -105,7 +106,7 @@ PRESETS = {
         # docs/results.md). erl_per_group and erl_lessons take erl's (lr_from); sdpo_pure
         # keeps its best from the sweep on the previous warm-up.
         lr="grpo=0.0002,grpo_matched=0.0002,erl=0.0005,erl_paper=0.0002,erl_shared=0.0002,"
-        "sdpo_mixed=0.0002,sdpo_pure=1e-05",
+        "erl_defaults=0.0002,sdpo_mixed=0.0002,sdpo_pure=1e-05",
         lr_scheduler="constant",
         lr_warmup_steps=0,
         batch=64,
@@ -261,7 +262,7 @@ def parse_options(argv: list[str] | None = None):
     values = {k: v for k, v in vars(opts).items() if k in fields}
     settings = arms.Settings(**values, level=level, rule_seed=rule_seed)
     try:
-        for method in methods:
+        for method in methods if not opts.sweep else []:  # a sweep sets every arm's rate
             settings.learning_rate(method)
         for seed in range(max([opts.seeds, *(s + 1 for s in opts.sweep_seeds)])):
             arms.train_rows(arms.make_task(settings), settings, seed)

@@ -126,6 +126,12 @@ def first_per_group(count: int):
     return select
 
 
+# The ERL arms' step and memory as the bench has run them since issue 26: per-attempt
+# reflection, the memory that keeps every successful reflection. Issue 32 made one reflection
+# per group and the lessons-only memory the product's defaults; the bench keeps its arms as
+# measured (`erl` is ERL as its paper runs it) and runs the new defaults as `erl_defaults`.
+BENCH_REFLECTIONS_PER_GROUP = 0
+BENCH_MEMORY = {"lessons_only": False, "confirmations": False}
 GRPO_GATE = {"reward_threshold": -1.0}  # every reward is >= -0.5: the gate stays closed
 # SDPO as this bench runs it, exactly: TRL 1.15's SDPOTrainer at its SDPOConfig defaults (EMA
 # teacher at rate 0.05, importance-sampling clip 2, no reprompt on a rollout's own success),
@@ -188,6 +194,11 @@ LESSON_ARMS = {
     # One reflection per group that every failed attempt of the group retries with (issue
     # 32), credited with its retries' mean; against erl_per_group's one retry per reflection.
     "erl_shared": arm(reflections_per_group=1),
+    # ERLTrainer at the product's defaults since issue 32, stated here (a test checks they
+    # are the defaults): one reflection per group and the lessons-only memory with records.
+    "erl_defaults": arm(
+        reflections_per_group=1, memory=dict(lessons_only=True, confirmations=True)
+    ),
 }
 ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS, **LESSON_ARMS}
 BASELINES = ("grpo", "grpo_matched")
@@ -377,6 +388,9 @@ def arm_config(name: str, s: Settings, output_dir: str, seed: int, reward_weight
 
         return SDPOConfig(**settings, success_reward_threshold=1.0, **dict(spec.overrides))
     settings |= dict(
+        # What `erl` and its variants have run since issue 26, before issue 32 changed the
+        # defaults: every gated attempt reflects (erl_shared and erl_defaults override it).
+        reflections_per_group=BENCH_REFLECTIONS_PER_GROUP,
         reflection_max_completion_length=s.reflection_tokens,
         reflection_system_prompt=REFLECTION_TEMPLATE,
         retry_system_prompt=RETRY_TEMPLATE,
@@ -633,7 +647,7 @@ def train_one(
             reward_funcs=reward_funcs,
             feedback_func=feedback_func,
             retry_advantages=recording_retry_advantages,
-            memory=ReflectionMemory.from_config(args, **dict(spec.memory)),
+            memory=ReflectionMemory.from_config(args, **(BENCH_MEMORY | dict(spec.memory))),
             select_reflecting=first_per_group(spec.reflect_per_group)
             if spec.reflect_per_group
             else None,

@@ -302,16 +302,23 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
     return verdict(arms, pooled)
 
 
+VARIANT_REFERENCES = ("erl", "erl_per_group")
+"""What each ERL variant is also paired against: `erl`, and `erl_per_group` (one reflection
+a group with one retry, against which `erl_shared` measures sharing the reflection)."""
+
+
 def against_erl(arms: list[str], pooled: dict[str, dict[str, list[float]]]) -> None:
-    """Every other ERLTrainer arm minus `erl`, paired by seed and pooled over the rules: what
-    decides whether an option becomes a default (issue 32: "no worse per step")."""
-    if "erl" not in arms:
-        return
-    print("\nERL variants against erl (pooled, paired by seed, mean and 95% CI):")
-    for arm in [a for a in arms if a not in (*BASELINES, "erl") and not is_sdpo(a)]:
-        for measure in MEASURES:
-            _, ci = paired(pooled[measure][arm], pooled[measure]["erl"])
-            print(f"{arm}_minus_erl_{measure}: {ci.mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}]")
+    """Every other ERLTrainer arm minus `erl` (and minus `erl_per_group`), paired by seed and
+    pooled over the rules: what decides whether an option becomes a default (issue 32:
+    "no worse per step")."""
+    variants = [a for a in arms if a not in BASELINES and not is_sdpo(a)]
+    for ref in [r for r in VARIANT_REFERENCES if r in arms]:
+        print(f"\nERL variants against {ref} (pooled, paired by seed, mean and 95% CI):")
+        for arm in [a for a in variants if a != ref and (ref == "erl" or a != "erl")]:
+            for measure in MEASURES:
+                _, ci = paired(pooled[measure][arm], pooled[measure][ref])
+                print(f"{arm}_minus_{ref}_{measure}: {ci.mean:+.3f} [{ci.low:+.3f}, "
+                      f"{ci.high:+.3f}]")  # fmt: skip
 
 
 def verdict(arms: list[str], pooled: dict[str, dict[str, list[float]]]) -> dict:

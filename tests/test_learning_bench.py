@@ -73,7 +73,8 @@ def test_every_arm_gets_the_same_schedule_and_optimizer(options):
 
 def test_each_arm_takes_its_own_learning_rate_or_its_swept_parents():
     _, s = learning.parse_options(["--lr", "grpo=1e-4,grpo_matched=2e-4,erl=3e-4,erl_paper=6e-4,"
-                                   "sdpo_mixed=4e-4,sdpo_pure=5e-4"])  # fmt: skip
+                                   "sdpo_mixed=4e-4,sdpo_pure=5e-4,erl_shared=7e-4,"
+                                   "erl_defaults=8e-4"])  # fmt: skip
     assert [s.learning_rate(a) for a in arms.ARMS] == [1e-4, 2e-4, 3e-4, 6e-4, 4e-4, 5e-4]
     assert s.learning_rate("erl_no_memory") == 3e-4  # an ablation takes ERL's (lr_from)
     assert s.learning_rate("sdpo_rule") == 4e-4
@@ -90,6 +91,9 @@ def test_each_arm_takes_its_own_learning_rate_or_its_swept_parents():
 
 def test_the_sweep_tunes_on_rules_and_seeds_the_report_does_not_use():
     opts, s = learning.parse_options(["--sweep", "1e-4,3e-4,1e-3"])
+    # an arm the preset has no rate for yet is swept (the refusal names this command)
+    learning.parse_options(["--sweep", "1e-4,3e-4,1e-3", "--lr", "grpo=1e-4", "--methods",
+                            "grpo,erl_paper"])  # fmt: skip
     assert not set(opts.tuning_rules) & set(opts.rules) and (s.level, s.rule_seed) == (1, 0)
     assert not set(opts.sweep_seeds) & set(range(learning.PRESETS["hidden_rule"]["seeds"]))
     for bad in (["--sweep", "1e-4,3e-4"], ["--sweep", "1e-4,3e-4,1e-3", "--sweep_seeds", "0,5"],
@@ -345,3 +349,23 @@ def test_each_erl_variant_is_paired_against_erl(capsys):
     out = capsys.readouterr().out
     assert "erl_shared_minus_erl_equal_steps: +0.100" in out
     assert "erl_shared_minus_erl_equal_processed" in out and "sdpo_mixed_minus" not in out
+
+
+def test_erl_defaults_is_the_product_at_its_defaults_and_erl_stays_as_measured():
+    """`erl_defaults` states the product's defaults (issue 32): if a default changes, this
+    fails until the arm follows it. `erl` and its variants keep what the bench measured."""
+    import inspect
+
+    from pipeline import ERLConfig
+    from pipeline.erl.memory import ReflectionMemory
+
+    _, s = learning.parse_options([])
+    product = ERLConfig(output_dir="unused", use_cpu=True, bf16=False)
+    defaults = arms.arm_config("erl_defaults", s, "unused", 0)
+    assert defaults.reflections_per_group == product.reflections_per_group
+    memory = inspect.signature(ReflectionMemory).parameters
+    assert dict(arms.ALL_ARMS["erl_defaults"].memory) == {
+        name: memory[name].default for name in arms.BENCH_MEMORY
+    }
+    assert arms.arm_config("erl", s, "unused", 0).reflections_per_group == 0
+    assert arms.arm_config("erl_shared", s, "unused", 0).reflections_per_group == 1
