@@ -120,7 +120,7 @@ def test_erl_config_holds_exactly_what_the_base_config_makes(options):
     erl_only = {"reward_threshold", "memory_size", "memory_top_k", "reflection_system_prompt"}
     erl_only |= {"retry_system_prompt", "internalization_coef", "enable_memory"}
     erl_only |= {"enable_internalization", "reflection_max_completion_length"}
-    erl_only |= {"memory_scope", "peak_memory_factor"}
+    erl_only |= {"memory_scope", "peak_memory_factor", "reflections_per_group"}
     ours = {k: v for k, v in erl.to_dict().items() if k not in erl_only}
     assert ours == base.to_dict() and set(erl.to_dict()) - set(base.to_dict()) == erl_only
     assert erl.reward_threshold == 0.5 and erl.memory_size == 50
@@ -380,7 +380,10 @@ def test_reflections_and_retries_generate_within_the_memory_budget(
     peak_memory_factor x GRPO's loss forward), as many rows as fit: with the default factor
     a couple of calls for 2 x 8 rows (the old token rule made one call per row here), with a
     tiny one a row per call; erl/generate_calls logs how many."""
-    args = make_args(reward_threshold=2.0, per_device_train_batch_size=8, peak_memory_factor=factor)
+    args = make_args(
+        reward_threshold=2.0, per_device_train_batch_size=8, peak_memory_factor=factor,
+        reflections_per_group=0,  # a reflection for every row
+    )  # fmt: skip
     trainer = make_trainer(tiny_model_dir, args, arithmetic_dataset)
     calls, generate = [], trainer._generate_single_turn
 

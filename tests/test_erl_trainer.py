@@ -82,7 +82,8 @@ def test_gate_open_every_row_reflects_and_retries(tiny_model_dir, arithmetic_dat
         feedback_calls.append(len(completions))
         return ["The answer is wrong."] * len(completions)
 
-    args = erl_args(reward_threshold=0.5, internalization_coef=0.7)
+    # per-attempt reflection (the ERL paper's; the default is one reflection per group)
+    args = erl_args(reward_threshold=0.5, internalization_coef=0.7, reflections_per_group=0)
     trainer = ERLTrainer(
         model=tiny_model_dir,
         args=args,
@@ -135,7 +136,7 @@ def test_feedback_func_wrong_count_names_the_function(tiny_model_dir, arithmetic
 
     trainer = ERLTrainer(
         model=tiny_model_dir,
-        args=erl_args(reward_threshold=2.0),
+        args=erl_args(reward_threshold=2.0, reflections_per_group=0),
         train_dataset=arithmetic_dataset,
         reward_funcs=length_reward,
         feedback_func=my_feedback,
@@ -220,7 +221,10 @@ def test_plain_text_prompts_reflect_and_retry_as_plain_text(tiny_model_dir, erl_
         seen.append((list(prompts), list(completions)))
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
 
-    args = erl_args(reward_threshold=2.0, per_device_train_batch_size=8, num_generations=4)
+    args = erl_args(
+        reward_threshold=2.0, per_device_train_batch_size=8, num_generations=4,
+        reflections_per_group=0,
+    )  # fmt: skip
     trainer = ERLTrainer(
         model=tiny_model_dir,
         args=args,

@@ -61,8 +61,12 @@ def test_no_lesson_is_refused_and_counted_by_reason():
         "empty": 1, "answer_format": 1, "repetitive": 1, "prompt_copy": 1, "stored": 1
     }  # fmt: skip
     assert memory.pop_outcomes() == {}
-    # lessons_only=False (the default, as in ERLConfig) stores whatever preceded a success.
-    anything = ReflectionMemory(max_size=10)
+    # lessons_only=False (the ERL paper's memory) stores whatever preceded a success; the
+    # default refuses it.
+    assert (
+        ReflectionMemory(max_size=10).add(HIDDEN_RULE_PROMPT, "a#b = = = = = =", step=1) != "stored"
+    )
+    anything = ReflectionMemory(max_size=10, lessons_only=False)
     assert anything.add(HIDDEN_RULE_PROMPT, "a#b = = = = = =", step=1) == "stored"
 
 
@@ -92,7 +96,7 @@ def test_a_reading_retry_moves_its_entrys_standing():
     assert memory.retrieve("x") == ["a#b = a+b+2"]  # the confirmed rule, not the newest
     assert [e.order for e in memory.rulebook()] == [0, 1]
     # Without confirmations: the ERL paper's rulebook, the newest entry whatever its record.
-    plain = ReflectionMemory(max_size=10, scope="global")
+    plain = ReflectionMemory(max_size=10, scope="global", confirmations=False)
     plain.load_state_dict(memory.state_dict())
     assert plain.retrieve("x") == ["a#b = a+b+3"]
 
@@ -247,6 +251,12 @@ def test_save_and_load_round_trip(tmp_path):
     assert not ReflectionMemory(2).load(tmp_path / "missing")
 
 
+def paper_memory(args) -> ReflectionMemory:
+    """The ERL paper's memory for `args`: every reflection whose retry succeeded, newest first
+    (the default refuses non-lessons and ranks entries by their record)."""
+    return ReflectionMemory.from_config(args, lessons_only=False, confirmations=False)
+
+
 def test_memory_is_checkpointed_and_restored_on_resume(
     tiny_model_dir, arithmetic_dataset, erl_args, tmp_path
 ):
@@ -255,10 +265,14 @@ def test_memory_is_checkpointed_and_restored_on_resume(
     from pipeline import ERLTrainer
 
     reward, _ = alternating_reward()
-    args = erl_args(reward_threshold=0.5, max_steps=2, save_strategy="steps", save_steps=1)
+    # Per-attempt reflection and the ERL paper's memory (every successful reflection kept):
+    # what is checkpointed here is every entry, whatever it says.
+    paper = dict(reflections_per_group=0)
+    args = erl_args(reward_threshold=0.5, max_steps=2, save_strategy="steps", save_steps=1, **paper)
     trainer = ERLTrainer(
-        model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset, reward_funcs=reward
-    )
+        model=tiny_model_dir, args=args, train_dataset=arithmetic_dataset, reward_funcs=reward,
+        memory=paper_memory(args),
+    )  # fmt: skip
     trainer.train()
     assert len(trainer.memory) == 16  # every retry of both steps succeeded
     first = json.loads((tmp_path / "out" / "checkpoint-1" / MEMORY_FILE).read_text())
@@ -266,11 +280,13 @@ def test_memory_is_checkpointed_and_restored_on_resume(
 
     # Resume from step 1 and train step 2: the restored entries come first, then step 2's.
     reward, _ = alternating_reward()
+    args = erl_args(reward_threshold=0.5, max_steps=2, **paper)
     resumed = ERLTrainer(
         model=tiny_model_dir,
-        args=erl_args(reward_threshold=0.5, max_steps=2),
+        args=args,
         train_dataset=arithmetic_dataset,
         reward_funcs=reward,
+        memory=paper_memory(args),
     )
     assert len(resumed.memory) == 0
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
@@ -293,12 +309,16 @@ def test_global_rulebook_is_checkpointed_and_restored_on_resume(
     from pipeline.erl import step as erl_step
 
     reward, _ = alternating_reward()
-    options = dict(reward_threshold=0.5, memory_scope="global", memory_size=1)
+    options = dict(
+        reward_threshold=0.5, memory_scope="global", memory_size=1, reflections_per_group=0
+    )
+    args = erl_args(max_steps=1, save_strategy="steps", save_steps=1, **options)
     trainer = ERLTrainer(
         model=tiny_model_dir,
-        args=erl_args(max_steps=1, save_strategy="steps", save_steps=1, **options),
+        args=args,
         train_dataset=arithmetic_dataset,
         reward_funcs=reward,
+        memory=paper_memory(args),
     )
     trainer.train()
     rulebook = trainer.erl_step.memory_for("any prompt")
@@ -307,11 +327,13 @@ def test_global_rulebook_is_checkpointed_and_restored_on_resume(
     assert "- " + saved["entries"][-1]["reflection"] == rulebook
 
     reward, _ = alternating_reward()
+    args = erl_args(max_steps=2, **options)
     resumed = ERLTrainer(
         model=tiny_model_dir,
-        args=erl_args(max_steps=2, **options),
+        args=args,
         train_dataset=arithmetic_dataset,
         reward_funcs=reward,
+        memory=paper_memory(args),
     )
     assert resumed.erl_step.memory_for("any prompt") == "(none yet)"
     shown = []  # what step 2's reflection prompts were given as {memory}

@@ -112,9 +112,10 @@ class ReflectionMemory:
     `scope` (ERLConfig.memory_scope) is also what a restated lesson must share to confirm an
     entry: its prompt, but for the global rulebook, where the same rule from any prompt is
     one entry. `lessons_only` refuses what `lesson_problem` names; `confirmations` ranks and
-    evicts entries by their record (above). Both are off by default: they are the learning
-    bench's arms (`bench/learning_arms.py`, `erl_lessons`), reached through
-    `ERLTrainer(memory=...)`.
+    evicts entries by their record (above). Both are on by default since the learning bench
+    measured them (its `erl_lessons` arm against `erl`, docs/results.md): no worse per step,
+    and no degenerate entry where the plain memory kept dozens. Turn them off for the ERL
+    paper's memory, which keeps every reflection whose retry succeeded.
 
     >>> memory = ReflectionMemory(max_size=2, scope="similar", top_k=1)
     >>> memory.add("3+4", "Add the digits.", step=1)
@@ -129,8 +130,8 @@ class ReflectionMemory:
         *,
         scope: str = "same_prompt",
         top_k: int = 3,
-        lessons_only: bool = False,
-        confirmations: bool = False,
+        lessons_only: bool = True,
+        confirmations: bool = True,
     ) -> None:
         if max_size < 0:
             raise ValueError(f"max_size must be >= 0, got {max_size}")

@@ -217,7 +217,7 @@ def refuse_select_with_sharing(select_reflecting, reflections_per_group: int) ->
     if select_reflecting is not None and reflections_per_group:
         raise ValueError(
             f"select_reflecting= and reflections_per_group={reflections_per_group} both choose "
-            "which gated first attempts reflect; pass one of them"
+            "which gated first attempts reflect; set reflections_per_group=0 to use the hook"
         )
 
 
