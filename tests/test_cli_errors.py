@@ -439,3 +439,18 @@ def test_log_level_debug_adds_the_traceback(run_argv, capsys):
     assert run(run_argv("--task", "arithmetik", "--log_level", "debug")) == 2
     err = capsys.readouterr().err
     assert err.startswith("Traceback") and err.splitlines()[-1].startswith("error: --task")
+
+
+def test_a_resume_keeps_the_memory_policy_its_run_started_with(tmp_path):
+    """The memory's options are not ERLConfig's, so run_config.json records them: a new run
+    takes ReflectionMemory's defaults, a resume what its run recorded, and a run from before
+    the record the memory it trained with (issue 32 changed the defaults)."""
+    from pipeline.run.config import MEMORY_POLICY_BEFORE_RECORDS, memory_policy
+
+    path = tmp_path / "run_config.json"
+    assert memory_policy(path) == {"lessons_only": True, "confirmations": True}
+    path.write_text(json.dumps({"method": "erl"}))
+    assert memory_policy(path) == MEMORY_POLICY_BEFORE_RECORDS
+    recorded = {"lessons_only": True, "confirmations": False}
+    path.write_text(json.dumps({"method": "erl", "memory_policy": recorded}))
+    assert memory_policy(path) == recorded

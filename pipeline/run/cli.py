@@ -84,6 +84,11 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     run, model_config, curriculum_config, args = parse_run_config(argv)
     model_config.backend = backend  # resolved once: the loader and run_config.json read this
     config = resolved_config(run, model_config, curriculum_config, args)
+    # Read before run_config.json is written: a resume keeps its run's memory policy.
+    from pipeline.layout import RunLayout
+    from pipeline.run.config import memory_policy
+
+    config["memory_policy"] = memory_policy(RunLayout(args.output_dir).run_config)
     main_process = distributed.is_main_process()  # the one that writes the run's files
     level = logging.INFO if main_process else logging.WARNING
     logging.basicConfig(level=level, format="%(message)s")
@@ -145,7 +150,7 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
         remove_finished_checkpoints(layout, state)  # left by a kill after a stage ended
     if state.controller:
         controller.load_state_dict(state.controller)
-    memory = ReflectionMemory.from_config(args)
+    memory = ReflectionMemory.from_config(args, **config["memory_policy"])
     restored = _restore_latest(model, memory, layout, state)
     if restored:
         logger.info(f"resuming {layout.root} from {restored}")
