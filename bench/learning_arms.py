@@ -39,7 +39,7 @@ from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig, ERLTrainer  # noqa: E402
-from pipeline.erl.memory import ReflectionMemory  # noqa: E402
+from pipeline.erl.memory import PAPER_POLICY, ReflectionMemory  # noqa: E402
 from pipeline.erl.step import retry_advantages  # noqa: E402
 from pipeline.evaluate.first_attempts import (  # noqa: E402
     evaluate_first_attempts,
@@ -126,12 +126,11 @@ def first_per_group(count: int):
     return select
 
 
-# The ERL arms' step and memory as the bench has run them since issue 26: per-attempt
-# reflection, the memory that keeps every successful reflection. Issue 32 made one reflection
-# per group and the lessons-only memory the product's defaults; the bench keeps its arms as
-# measured (`erl` is ERL as its paper runs it) and runs the new defaults as `erl_defaults`.
+# The ERL arms' step as the bench has run it since issue 26: per-attempt reflection, with the
+# paper's memory (PAPER_POLICY, in train_one). Issue 32 made one reflection per group and the
+# lessons-only memory the product's defaults; the bench keeps its arms as measured (`erl` is
+# ERL as its paper runs it) and runs the new defaults as `erl_defaults`.
 BENCH_REFLECTIONS_PER_GROUP = 0
-BENCH_MEMORY = {"lessons_only": False, "confirmations": False}
 GRPO_GATE = {"reward_threshold": -1.0}  # every reward is >= -0.5: the gate stays closed
 # SDPO as this bench runs it, exactly: TRL 1.15's SDPOTrainer at its SDPOConfig defaults (EMA
 # teacher at rate 0.05, importance-sampling clip 2, no reprompt on a rollout's own success),
@@ -647,7 +646,7 @@ def train_one(
             reward_funcs=reward_funcs,
             feedback_func=feedback_func,
             retry_advantages=recording_retry_advantages,
-            memory=ReflectionMemory.from_config(args, **(BENCH_MEMORY | dict(spec.memory))),
+            memory=ReflectionMemory.from_config(args, **(PAPER_POLICY | dict(spec.memory))),
             select_reflecting=first_per_group(spec.reflect_per_group)
             if spec.reflect_per_group
             else None,

@@ -261,7 +261,7 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
                 print(f"  {ref} - {arm} {key.rstrip('s')}s to the threshold pooled: {ci}"
                       + (" (a bound: some runs never reached it)" if censored else ""))  # fmt: skip
 
-    against_erl(arms, pooled)
+    against_references(arms, pooled)
     print("\nfinal memories (entries/degenerate/share stating the rule) and each candidate's "
           "steps and generated tokens to the threshold over GRPO's (pooled, mean and 95% CI):")  # fmt: skip
     for label, runs in results.items():
@@ -307,13 +307,14 @@ VARIANT_REFERENCES = ("erl", "erl_per_group")
 a group with one retry, against which `erl_shared` measures sharing the reflection)."""
 
 
-def against_erl(arms: list[str], pooled: dict[str, dict[str, list[float]]]) -> None:
+def against_references(arms: list[str], pooled: dict[str, dict[str, list[float]]]) -> None:
     """Every other ERLTrainer arm minus `erl` (and minus `erl_per_group`), paired by seed and
     pooled over the rules: what decides whether an option becomes a default (issue 32:
     "no worse per step")."""
     variants = [a for a in arms if a not in BASELINES and not is_sdpo(a)]
     for ref in [r for r in VARIANT_REFERENCES if r in arms]:
         print(f"\nERL variants against {ref} (pooled, paired by seed, mean and 95% CI):")
+        # erl - erl_per_group would only negate erl_per_group - erl, printed above
         for arm in [a for a in variants if a != ref and (ref == "erl" or a != "erl")]:
             for measure in MEASURES:
                 _, ci = paired(pooled[measure][arm], pooled[measure][ref])

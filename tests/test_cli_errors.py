@@ -445,12 +445,13 @@ def test_a_resume_keeps_the_memory_policy_its_run_started_with(tmp_path):
     """The memory's options are not ERLConfig's, so run_config.json records them: a new run
     takes ReflectionMemory's defaults, a resume what its run recorded, and a run from before
     the record the memory it trained with (issue 32 changed the defaults)."""
-    from pipeline.run.config import MEMORY_POLICY_BEFORE_RECORDS, memory_policy
+    from pipeline.erl.memory import PAPER_POLICY
+    from pipeline.run.config import memory_policy
 
     path = tmp_path / "run_config.json"
     assert memory_policy(path) == {"lessons_only": True, "confirmations": True}
     path.write_text(json.dumps({"method": "erl"}))
-    assert memory_policy(path) == MEMORY_POLICY_BEFORE_RECORDS
+    assert memory_policy(path) == PAPER_POLICY == {"lessons_only": False, "confirmations": False}
     recorded = {"lessons_only": True, "confirmations": False}
     path.write_text(json.dumps({"method": "erl", "memory_policy": recorded}))
     assert memory_policy(path) == recorded

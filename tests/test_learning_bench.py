@@ -345,7 +345,7 @@ def test_each_erl_variant_is_paired_against_erl(capsys):
     """What a default is chosen by (issue 32): a variant minus erl, paired by seed."""
     held = {"grpo": [0.1, 0.2, 0.3], "erl": [0.2, 0.3, 0.4], "erl_shared": [0.3, 0.4, 0.5],
             "sdpo_mixed": [0.0, 0.0, 0.0]}  # fmt: skip
-    report.against_erl(list(held), {m: held for m in report.MEASURES})
+    report.against_references(list(held), {m: held for m in report.MEASURES})
     out = capsys.readouterr().out
     assert "erl_shared_minus_erl_equal_steps: +0.100" in out
     assert "erl_shared_minus_erl_equal_processed" in out and "sdpo_mixed_minus" not in out
@@ -354,8 +354,6 @@ def test_each_erl_variant_is_paired_against_erl(capsys):
 def test_erl_defaults_is_the_product_at_its_defaults_and_erl_stays_as_measured():
     """`erl_defaults` states the product's defaults (issue 32): if a default changes, this
     fails until the arm follows it. `erl` and its variants keep what the bench measured."""
-    import inspect
-
     from pipeline import ERLConfig
     from pipeline.erl.memory import ReflectionMemory
 
@@ -363,9 +361,6 @@ def test_erl_defaults_is_the_product_at_its_defaults_and_erl_stays_as_measured()
     product = ERLConfig(output_dir="unused", use_cpu=True, bf16=False)
     defaults = arms.arm_config("erl_defaults", s, "unused", 0)
     assert defaults.reflections_per_group == product.reflections_per_group
-    memory = inspect.signature(ReflectionMemory).parameters
-    assert dict(arms.ALL_ARMS["erl_defaults"].memory) == {
-        name: memory[name].default for name in arms.BENCH_MEMORY
-    }
+    assert dict(arms.ALL_ARMS["erl_defaults"].memory) == ReflectionMemory(0).policy
     assert arms.arm_config("erl", s, "unused", 0).reflections_per_group == 0
     assert arms.arm_config("erl_shared", s, "unused", 0).reflections_per_group == 1

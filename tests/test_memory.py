@@ -10,7 +10,7 @@ import random
 import pytest
 
 import pipeline.erl.memory as memory_module
-from pipeline.erl.memory import MEMORY_FILE, ReflectionMemory, lesson_problem
+from pipeline.erl.memory import MEMORY_FILE, PAPER_POLICY, ReflectionMemory, lesson_problem
 
 HIDDEN_RULE_PROMPT = "The operation # is hidden. Reply only with <answer>N</answer>.\n3#4"
 
@@ -254,7 +254,7 @@ def test_save_and_load_round_trip(tmp_path):
 def paper_memory(args) -> ReflectionMemory:
     """The ERL paper's memory for `args`: every reflection whose retry succeeded, newest first
     (the default refuses non-lessons and ranks entries by their record)."""
-    return ReflectionMemory.from_config(args, lessons_only=False, confirmations=False)
+    return ReflectionMemory.from_config(args, **PAPER_POLICY)
 
 
 def test_memory_is_checkpointed_and_restored_on_resume(

@@ -105,6 +105,11 @@ def _check_scope(scope: str) -> str:
     return scope
 
 
+PAPER_POLICY = {"lessons_only": False, "confirmations": False}
+"""The ERL paper's memory policy (the defaults before issue 32): every reflection whose retry
+succeeded enters, and the newest entry leads."""
+
+
 class ReflectionMemory:
     """Up to `max_size` lessons; what a reflection prompt is shown (`shown`) by `scope` and
     `top_k`; the weakest goes when full. Its defaults are `ERLConfig`'s.
@@ -146,6 +151,12 @@ class ReflectionMemory:
         self._entries: list[MemoryEntry] = []
         self._added = 0
         self.outcomes: Counter[str] = Counter()  # add()'s answers since the last pop_outcomes
+
+    @property
+    def policy(self) -> dict[str, bool]:
+        """What it admits and how it ranks: its options beyond the config's (PAPER_POLICY's
+        keys), as `from_config(config, **policy)` takes them."""
+        return {"lessons_only": self.lessons_only, "confirmations": self.confirmations}
 
     @classmethod
     def from_config(cls, config, **options) -> ReflectionMemory:

@@ -84,11 +84,6 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     run, model_config, curriculum_config, args = parse_run_config(argv)
     model_config.backend = backend  # resolved once: the loader and run_config.json read this
     config = resolved_config(run, model_config, curriculum_config, args)
-    # Read before run_config.json is written: a resume keeps its run's memory policy.
-    from pipeline.layout import RunLayout
-    from pipeline.run.config import memory_policy
-
-    config["memory_policy"] = memory_policy(RunLayout(args.output_dir).run_config)
     main_process = distributed.is_main_process()  # the one that writes the run's files
     level = logging.INFO if main_process else logging.WARNING
     logging.basicConfig(level=level, format="%(message)s")
@@ -104,7 +99,7 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     from pipeline.models.tiny import build_tiny_model
     from pipeline.run.checkpoints import remove_finished_checkpoints, save_policy
     from pipeline.run.checks import check_run
-    from pipeline.run.config import record_config
+    from pipeline.run.config import memory_policy, record_config
     from pipeline.run.console import quiet_libraries
     from pipeline.run.rewards import build_run_rewards
     from rewards import GenerationsLog
@@ -114,6 +109,8 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     layout = RunLayout(args.output_dir)
     # The task, levels, signals, model paths, machine and folder (a refusal writes nothing).
     task, controller = check_run(run, model_config, curriculum_config, args, layout, config)
+    # Read before run_config.json is written (below): a resume keeps its run's memory policy.
+    config["memory_policy"] = memory_policy(layout.run_config)
     distributed.wait_for_everyone()  # every process checks the folder before anything is written
 
     # ---- The model: loaded once, it stays loaded across stages; then the rewards, whose

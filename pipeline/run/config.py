@@ -298,22 +298,18 @@ def _json_values(value: Any) -> Any:
 # `memory_policy` is what the reflection memory admits and how it ranks (ReflectionMemory's
 # own options, not ERLConfig's): a resume keeps the policy its run started with.
 RECORDED_ONLY = frozenset({"task_class", "memory_policy"})
-# What a run that recorded no policy trained with: the memory before issue 32's defaults.
-MEMORY_POLICY_BEFORE_RECORDS = {"lessons_only": False, "confirmations": False}
 
 
 def memory_policy(path: Path) -> dict[str, bool]:
     """The memory options a run keeps: those its run_config.json at `path` recorded (a run
-    from before the record trained with MEMORY_POLICY_BEFORE_RECORDS), or, for a new run,
-    ReflectionMemory's defaults. So a resume never changes what its memory admits."""
-    import inspect
-
-    from pipeline.erl.memory import ReflectionMemory
+    from before the record trained with the paper's, `PAPER_POLICY`, the defaults then), or,
+    for a new run, ReflectionMemory's defaults. So a resume never changes what its memory
+    admits."""
+    from pipeline.erl.memory import PAPER_POLICY, ReflectionMemory
 
     if path.exists():
-        return json.loads(path.read_text()).get("memory_policy", MEMORY_POLICY_BEFORE_RECORDS)
-    parameters = inspect.signature(ReflectionMemory).parameters
-    return {name: parameters[name].default for name in MEMORY_POLICY_BEFORE_RECORDS}
+        return json.loads(path.read_text()).get("memory_policy", PAPER_POLICY)
+    return ReflectionMemory(0).policy
 
 
 def check_resume_config(output_dir: Path, config: dict[str, Any]) -> None:
