@@ -196,7 +196,7 @@ class RunProgress(TrainerCallback):
                 desc=self.description,
                 unit="step",
                 dynamic_ncols=True,
-                bar_format="{desc} {n_fmt}/{total_fmt} [{elapsed}, {rate_inv_fmt}]{postfix}",
+                bar_format="{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_inv_fmt}]{postfix}",
             )
 
     def on_step_end(self, args, state, control, **kwargs):
