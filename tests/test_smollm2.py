@@ -6,6 +6,9 @@ The conversion takes ~80 s and 517 MB, so it is cached in the repository's `.cac
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,30 @@ def test_chat_template_check_rejects_a_non_chatml_template(tiny_model_dir):
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(ValueError, match="not ChatML"):
         check_chat_template(tokenizer)
+
+
+@pytest.mark.slow
+def test_the_bench_gates_smollm2_after_a_lora_warm_up(smollm2_dir, monkeypatch, capsys):
+    """`bench/learning.py --base smollm2 --gates_only` end to end, at a few steps and
+    prompts: the LoRA warm-up from the converted model (no row leaks a kept-out rule),
+    gates a, b and c on the merged checkpoint, and the table with its intervals."""
+    sys.path.insert(0, str(CACHE.parents[1] / "bench"))
+    learning = pytest.importorskip("learning")
+    gates = sys.modules["learning_gates"]
+    monkeypatch.setitem(gates.TUNING, "smollm2", gates.Tuning(batch=2, lora_r=4, capacity_steps=2))
+    out = CACHE.parent / f"bench-smollm2-test-{os.getpid()}"  # its base: CACHE, converted once
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        learning.main(["--base", "smollm2", "--gates_only", "--rules", "1:11",
+                       "--warmup_steps", "2", "--probe_prompts", "8", "--out", str(out)])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+        shutil.rmtree(out, ignore_errors=True)
+    printed = capsys.readouterr().out
+    assert "leaks of the rules kept out {'rule_text': 0, 'held_out_answer': 0}" in printed
+    assert "warm-up: 2 SFT steps" in printed
+    assert "134,515,008 parameters" in printed  # the gates read the merged 135M checkpoint
+    row = next(line for line in printed.splitlines() if line.startswith("| 1:11 "))
+    assert "`a#b = a+b+5` | smollm2 |" in row and row.count("[") == 4  # four intervals
+    assert "gate_a_passes[smollm2]: {'1:11': " in printed
