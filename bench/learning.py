@@ -69,6 +69,8 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -240,6 +242,7 @@ def parse_options(argv: list[str] | None = None):
         "or a local model folder, yours; a real model warms up with LoRA, and --warmup_steps "
         "0 --probe probes it as it ships")  # fmt: skip
     add("--gates_only", action="store_true", help="only the gates (a, b, c) and their table")
+    add("--beside", default="", help="with --gates_only: also the gates of this base, in the table")
     add("--probe_prompts", type=int, default=400, help="gate a's training prompts")
     add("--probe_temperature", type=float, default=1.0, help="gate a's sampling temperature")
     add("--skip_gates", action="store_true", help="compare without printing the gates")
@@ -323,6 +326,19 @@ def check_rules(parser, opts) -> None:
                 f"--sweep_seeds {opts.sweep_seeds}: the report uses seeds {list(reported)}; "
                 "tune on others"
             )
+
+
+def without_base(argv: list[str]) -> list[str]:
+    """`argv` without its --base and --beside options (to run the same options on another)."""
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item in ("--base", "--beside"):
+            skip = True
+        elif not item.startswith(("--base=", "--beside=")):
+            out.append(item)
+    return out
 
 
 def warm_excluded(opts) -> list[tuple[int, int]]:
@@ -426,39 +442,58 @@ def gate_results(opts, s, rule: tuple[int, int], out: Path) -> dict:
     return print_gates(warm, warm_key, rs, out, opts)
 
 
-def print_gate_table(results: dict[tuple[int, int], dict], s, opts) -> None:
-    """The gates as one markdown table, a row per rule, 95% intervals: Wilson's for a rate,
-    the paired t-interval for gate a's difference (retry after a reflection minus a fresh
-    sample, per failed first attempt)."""
-    print(f"\ngates on {s.base} after its warm-up ({opts.probe_prompts} prompts per rule):\n")
+def print_gate_table(tables: dict[str, dict[tuple[int, int], dict]], s, opts) -> None:
+    """The gates as one markdown table, a row per rule and base (`tables`: base -> rule ->
+    gates), 95% intervals: Wilson's for a rate, the paired t-interval for gate a's
+    difference (retry after a reflection minus a fresh sample, per failed first attempt).
+    With two bases, per rule, the first's gate a minus the second's, which reads a
+    reflection better (an interval from the two independent ones, normal approximation)."""
+    print(f"\ngates after each model's warm-up ({opts.probe_prompts} prompts per rule):\n")
     print("| rule | model | first attempt | gate a: retry after reflection − fresh sample "
           "| retry given the rule | reflections stating the rule | gate b: held-out before → "
           "after SFT | c: successes per step |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
-    for (level, rule_seed), g in results.items():
-        p, c = g["probe"], g["capacity"]
-        failed = int(p["failed_first_attempts"])
+
+    def rate(value: float, n: int) -> str:
+        low, high = gates.wilson(value, n)
+        return f"{value:.3f} [{low:.3f}, {high:.3f}]"
+
+    for level, rule_seed in opts.rules:
         text = arms.make_task(rule_settings(s, level, rule_seed)).rule_text(level)
+        for base, results in tables.items():
+            g = results[(level, rule_seed)]
+            p, c = g["probe"], g["capacity"]
+            failed = int(p["failed_first_attempts"])
+            a = gate_a(p)
+            print(
+                f"| {level}:{rule_seed} `{text}` | {base} "
+                f"| {rate(p['first_attempt_success'], opts.probe_prompts)} "
+                f"| {a[0]:+.3f} [{a[1]:+.3f}, {a[2]:+.3f}] "
+                f"{'passes' if gates.probe_passes(p) else 'fails'} "
+                f"| {rate(p['retry_success_with_the_rule'], failed)} "
+                f"| {rate(p['reflections_stating_the_rule'], failed)} "
+                f"| {c['held_out_before']:.3f} → {c['held_out_after']:.3f} "
+                f"{'passes' if gates.capacity_passes(c) else 'fails'} | {g['c']:.2f} |"
+            )
+    print()
+    if len(tables) == 2:
+        (first, one), (second, two) = tables.items()
+        for rule in opts.rules:
+            (m1, l1, h1), (m2, l2, h2) = gate_a(one[rule]["probe"]), gate_a(two[rule]["probe"])
+            diff = m1 - m2
+            half = math.hypot(*(0.0 if h != h else (h - lo) / 2 for lo, h in ((l1, h1), (l2, h2))))
+            better = first if diff - half > 0 else second if diff + half < 0 else "neither"
+            print(f"gate_a_{first}_minus_{second}[{rule[0]}:{rule[1]}]: {diff:+.3f} "
+                  f"[{diff - half:+.3f}, {diff + half:+.3f}]; reads a reflection better: {better}")  # fmt: skip
+    for base, results in tables.items():
+        verdict = {f"{lv}:{sd}": gates.probe_passes(g["probe"]) for (lv, sd), g in results.items()}
+        print(f"gate_a_passes[{base}]: {verdict}")
 
-        def rate(value: float, n: int) -> str:
-            low, high = gates.wilson(value, n)
-            return f"{value:.3f} [{low:.3f}, {high:.3f}]"
 
-        a = (p["retry_success_after_reflection_minus_fresh"],
-             p["retry_success_after_reflection_minus_fresh_low"],
-             p["retry_success_after_reflection_minus_fresh_high"])  # fmt: skip
-        print(
-            f"| {level}:{rule_seed} `{text}` | {s.base} "
-            f"| {rate(p['first_attempt_success'], opts.probe_prompts)} "
-            f"| {a[0]:+.3f} [{a[1]:+.3f}, {a[2]:+.3f}] "
-            f"{'passes' if gates.probe_passes(p) else 'fails'} "
-            f"| {rate(p['retry_success_with_the_rule'], failed)} "
-            f"| {rate(p['reflections_stating_the_rule'], failed)} "
-            f"| {c['held_out_before']:.3f} → {c['held_out_after']:.3f} "
-            f"{'passes' if gates.capacity_passes(c) else 'fails'} | {g['c']:.2f} |"
-        )
-    verdict = {f"{lv}:{sd}": gates.probe_passes(g["probe"]) for (lv, sd), g in results.items()}
-    print(f"\ngate_a_passes[{s.base}]: {verdict}")
+def gate_a(probe: dict) -> tuple[float, float, float]:
+    """Gate a's difference (retry after a reflection minus a fresh sample) and its interval."""
+    name = "retry_success_after_reflection_minus_fresh"
+    return probe[name], probe[f"{name}_low"], probe[f"{name}_high"]
 
 
 def model_size(folder: Path) -> str:
@@ -539,7 +574,12 @@ def main(argv: list[str] | None = None) -> None:
         shipped_probe(opts, s, out)
         return
     if opts.gates_only:
-        print_gate_table({rule: gate_results(opts, s, rule, out) for rule in opts.rules}, s, opts)
+        tables = {s.base: {rule: gate_results(opts, s, rule, out) for rule in opts.rules}}
+        if opts.beside:  # the same gates on another base, from the same options
+            other, so = parse_options([*without_base(sys.argv[1:] if argv is None else argv),
+                                       "--base", opts.beside])  # fmt: skip
+            tables[so.base] = {rule: gate_results(other, so, rule, out) for rule in other.rules}
+        print_gate_table(tables, s, opts)
         print(f"bench_seconds: {time.perf_counter() - started:.0f}")
         return
     extra = {}

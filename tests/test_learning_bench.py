@@ -469,3 +469,40 @@ def test_a_users_model_folder_is_probed_as_it_ships(tiny_model_dir, tmp_path, ca
     assert f"gate a on {tiny_model_dir}, no warm-up, rule 1:11" in printed
     assert "shipped_probe_failed_first_attempts[1:11]" in printed
     assert len(list((tmp_path / "out" / "gates").glob("probe-shipped-*.json"))) == 1
+
+
+def _gates(fixed: float, fresh: float, n: int = 200) -> dict:
+    """Gates as `print_gates` returns them, from a paired gate a with these rates."""
+    diff = fixed - fresh
+    probe = {
+        "first_attempt_success": 0.5, "failed_first_attempts": n,
+        "retry_success_after_reflection": fixed, "resample_success": fresh,
+        "retry_success_after_reflection_minus_fresh": diff,
+        "retry_success_after_reflection_minus_fresh_low": diff - 0.05,
+        "retry_success_after_reflection_minus_fresh_high": diff + 0.05,
+        "retry_success_with_the_rule": 0.3, "reflections_stating_the_rule": 0.1,
+    }  # fmt: skip
+    capacity = {"held_out_before": 0.1, "held_out_after": 0.7}
+    return {"probe": probe, "capacity": capacity, "c": 4.0}
+
+
+def test_the_gate_table_puts_two_models_side_by_side(capsys):
+    """`--gates_only --beside tiny`: a row per rule and model, the intervals, and per rule
+    which model reads a reflection better (its gate a difference's interval above 0)."""
+    opts, s = learning.parse_options(["--base", "smollm2", "--rules", "1:11,1:3"])
+    tables = {
+        "smollm2": {(1, 11): _gates(0.6, 0.1), (1, 3): _gates(0.2, 0.18)},
+        "tiny": {(1, 11): _gates(0.15, 0.1), (1, 3): _gates(0.2, 0.18)},
+    }
+    learning.print_gate_table(tables, s, opts)
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.startswith("| 1:")]
+    assert [row.split(" | ")[1] for row in rows] == ["smollm2", "tiny", "smollm2", "tiny"]
+    assert "+0.500 [+0.450, +0.550] passes" in rows[0] and "fails" in rows[1]
+    assert "0.500 [0.451, 0.549]" in rows[0]  # first attempt, Wilson, n = 400 prompts
+    assert "gate_a_smollm2_minus_tiny[1:11]: +0.450" in printed
+    assert "reads a reflection better: smollm2" in printed
+    assert "gate_a_smollm2_minus_tiny[1:3]: +0.000 [-0.071, +0.071]; reads a reflection better: neither" in printed  # fmt: skip
+    assert "gate_a_passes[smollm2]: {'1:11': True, '1:3': False}" in printed
+    argv = ["--base", "smollm2", "--gates_only", "--beside=tiny", "--rules", "1:11"]
+    assert learning.without_base(argv) == ["--gates_only", "--rules", "1:11"]
