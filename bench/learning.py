@@ -381,8 +381,8 @@ def learned_funcs(task, s, reward_model: str):
     reward_funcs, weights, feedback_func = arms.make_funcs(task, s)
     specs = check_reward_model_specs({"correct": {"path": reward_model, "weight": 1.0}})
     return add_learned_signals(
-        specs, {}, reward_funcs, [0.0] * len(weights), feedback_func, device="cpu",
-        program_feedback=False,
+        specs, {}, reward_funcs, [0.0] * len(weights), feedback_func,
+        device=str(arms.bench_device()), program_feedback=False,
     )  # fmt: skip
 
 
