@@ -518,7 +518,7 @@ def print_starvation(results: dict[str, list[dict]], steps: int = 10) -> None:
 def shipped_probe(opts, s, out: Path) -> None:
     """Gate a on a real model as it ships (no warm-up): SmolLM2-135M-Instruct or a user's
     model folder, per rule, cached by the folder's files and the probe's settings."""
-    name = "SmolLM2-135M-Instruct" if s.base == "smollm2" else s.base
+    label = "SmolLM2-135M-Instruct" if s.base == "smollm2" else s.base
     for level, rule_seed in opts.rules:
         rs = rule_settings(s, level, rule_seed)
         folder, base_key = gates.warm_checkpoint(rs, out)  # the base itself, at 0 steps
@@ -529,7 +529,7 @@ def shipped_probe(opts, s, out: Path) -> None:
             out / "gates" / f"probe-shipped-{key}.json",
             gates.probe, folder, rs, opts.probe_prompts, **settings,
         )  # fmt: skip
-        print(f"\ngate a on {name}, no warm-up, rule {rs.rule} "
+        print(f"\ngate a on {label}, no warm-up, rule {rs.rule} "
               f"({arms.make_task(rs).rule_text(level)}), {opts.probe_prompts} prompts, "
               f"temperature {opts.probe_temperature}, {time.perf_counter() - begin:.0f} s:")  # fmt: skip
         print_probe(probe)

@@ -460,15 +460,16 @@ def test_a_users_model_folder_is_probed_as_it_ships(tiny_model_dir, tmp_path, ca
     with pytest.raises(SystemExit):
         learning.parse_options(["--base", str(tmp_path)])  # no config.json there
     assert "not a model folder" in capsys.readouterr().err
-    argv = ["--base", tiny_model_dir, "--probe", "--warmup_steps", "0", "--rules", "1:11",
+    argv = ["--base", tiny_model_dir, "--probe", "--warmup_steps", "0", "--rules", "1:11,1:3",
             "--probe_prompts", "4", "--out", str(tmp_path / "out")]  # fmt: skip
     _, s = learning.parse_options(argv)
     assert s.base == tiny_model_dir and s.max_tokens == learning.REAL_MODEL["max_tokens"]
     learning.main(argv)
     printed = capsys.readouterr().out
-    assert f"gate a on {tiny_model_dir}, no warm-up, rule 1:11" in printed
-    assert "shipped_probe_failed_first_attempts[1:11]" in printed
-    assert len(list((tmp_path / "out" / "gates").glob("probe-shipped-*.json"))) == 1
+    for rule in ("1:11", "1:3"):  # each rule's header names the model
+        assert f"gate a on {tiny_model_dir}, no warm-up, rule {rule}" in printed
+        assert f"shipped_probe_failed_first_attempts[{rule}]" in printed
+    assert len(list((tmp_path / "out" / "gates").glob("probe-shipped-*.json"))) == 2
 
 
 def _gates(fixed: float, fresh: float, n: int = 200) -> dict:
