@@ -400,9 +400,15 @@ def gate_key(warm_key: str, s) -> str:
     return arms.digest([warm_key, settings, arms.BENCH_SCHEMA])
 
 
+def gate_a(probe: dict) -> tuple[float, float, float]:
+    """Gate a's difference (retry after a reflection minus a fresh sample) and its interval."""
+    name = "retry_success_after_reflection_minus_fresh"
+    return probe[name], probe[f"{name}_low"], probe[f"{name}_high"]
+
+
 def print_probe(probe: dict) -> None:
     """Gate a's figures, its paired difference and its pass line."""
-    diff = [probe[f"retry_success_after_reflection_minus_fresh{x}"] for x in ("", "_low", "_high")]
+    diff = gate_a(probe)
     print(f"  a) feedback reading: {probe}")
     print(f"     retry after reflection - fresh sample, per failed first attempt: {diff[0]:+.3f} "
           f"95% CI [{diff[1]:+.3f}, {diff[2]:+.3f}] (n {probe['failed_first_attempts']})")  # fmt: skip
@@ -488,12 +494,6 @@ def print_gate_table(tables: dict[str, dict[tuple[int, int], dict]], s, opts) ->
     for base, results in tables.items():
         verdict = {f"{lv}:{sd}": gates.probe_passes(g["probe"]) for (lv, sd), g in results.items()}
         print(f"gate_a_passes[{base}]: {verdict}")
-
-
-def gate_a(probe: dict) -> tuple[float, float, float]:
-    """Gate a's difference (retry after a reflection minus a fresh sample) and its interval."""
-    name = "retry_success_after_reflection_minus_fresh"
-    return probe[name], probe[f"{name}_low"], probe[f"{name}_high"]
 
 
 def model_size(folder: Path) -> str:

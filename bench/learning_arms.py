@@ -261,7 +261,7 @@ class Settings:
     eval_n: int
     eval_every: int
     stop: str = ""  # "arm=step,...": stop those arms early, on the same schedule
-    base: str = "tiny"  # the model: "tiny" (built here, `hidden` x `layers`) or "smollm2"
+    base: str = "tiny"  # "tiny" (built here, `hidden` x `layers`), "smollm2" or a model folder
 
     @property
     def prompts_per_step(self) -> int:

@@ -380,30 +380,32 @@ def warm_checkpoint(
     if not s.warmup_steps:
         return Path(base), digest({"schema": BENCH_SCHEMA, "base": _folder_digest(base)})
     dataset = warm_dataset(s, excluded)
+    rows = dataset.to_list()
     if s.task == "hidden_rule":
-        leaks = kept_out_leaks(dataset.to_list(), s, excluded)
-        print(f"warm-up rows: {len(dataset)}; leaks of the rules kept out {leaks}")
+        leaks = kept_out_leaks(rows, s, excluded)
+        print(f"warm-up rows: {len(rows)}; leaks of the rules kept out {leaks}")
+    sft = tuning(s)
     _, config = _warm_config(s, "unused")
     key = digest(
         {
             "schema": BENCH_SCHEMA,
             "base": _folder_digest(base),
-            "rows": digest(dataset.to_list()),
+            "rows": digest(rows),
             "sft": config_fingerprint(config),
-            "tuning": asdict(tuning(s)),
+            "tuning": asdict(sft),
         }
     )
     folder = cache / f"warm-{key}"
     if (folder / "config.json").exists():
         return folder, key
-    model = with_adapter(load_model(base), tuning(s))
+    model = with_adapter(load_model(base), sft)
     tokenizer = AutoTokenizer.from_pretrained(base)
     staging = Path(tempfile.mkdtemp(prefix=".warm-", dir=cache))
     args, _ = _warm_config(s, str(staging / "trainer"))
     start = time.perf_counter()
     sft_warmup(
         model, tokenizer, make_task(s), 1, steps=s.warmup_steps, examples=len(dataset),
-        batch_size=tuning(s).batch, learning_rate=s.warmup_lr, args=args,
+        batch_size=sft.batch, learning_rate=s.warmup_lr, args=args,
         output_dir=str(staging / "trainer"), dataset=dataset,
     )  # fmt: skip
     print(
@@ -411,7 +413,7 @@ def warm_checkpoint(
         f"{time.perf_counter() - start:.0f} s"
     )
     shutil.rmtree(staging / "trainer", ignore_errors=True)
-    if tuning(s).lora_r:  # one plain checkpoint for every arm to load
+    if sft.lora_r:  # one plain checkpoint for every arm to load
         model = model.merge_and_unload()
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)

@@ -5,11 +5,11 @@
 # fix more failed first attempts than a fresh sample; b: capacity; c: GRPO not starved)
 # on one reported rule, then trains GRPO and ERL at its paper's budget (erl_paper) for a few
 # seeds and prints the comparison and its verdict lines. The arms' learning rate is the
-# provisional one (bench/learning.py BASE_PRESETS): not swept for SmolLM2 yet.
+# provisional one (bench/learning.py REAL_MODEL): not swept for SmolLM2 yet.
 #   bash scripts/gpu_bench_smollm2.sh [python]
 # The reported configuration (3 rules x 5 seeds, every arm) is
 #   python bench/learning.py --base smollm2
-# after its learning-rate sweep (docs/hardware.md, "SmolLM2 on a GPU").
+# after its learning-rate sweep (docs/hardware.md, "The learning bench on SmolLM2, on this CPU and on a GPU").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${1:-.venv/bin/python}"
