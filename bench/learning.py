@@ -300,9 +300,12 @@ def check_rules(parser, opts) -> None:
     """One-line errors for rules, sweeps and models the bench cannot run fairly."""
     if not opts.rules:
         parser.error("--rules: give at least one LEVEL:RULE_SEED")
-    if opts.base not in BASES and not (Path(opts.base) / "config.json").is_file():
-        parser.error(f"--base {opts.base!r}: not one of {list(BASES)} and not a model folder "
-                     "(no config.json there)")  # fmt: skip
+    for option, base in (("--base", opts.base), ("--beside", opts.beside or "tiny")):
+        if base not in BASES and not (Path(base) / "config.json").is_file():
+            parser.error(f"{option} {base!r}: not one of {list(BASES)} and not a model folder "
+                         "(no config.json there)")  # fmt: skip
+    if opts.beside and not opts.gates_only:
+        parser.error(f"--beside {opts.beside}: only with --gates_only (the gates table)")
     if not opts.warmup_steps and not (opts.probe and opts.base != "tiny"):
         parser.error("--warmup_steps 0: only the probe of a real model as it ships runs without "
                      "a warm-up (--probe --base smollm2, or your model's folder)")  # fmt: skip

@@ -507,3 +507,7 @@ def test_the_gate_table_puts_two_models_side_by_side(capsys):
     assert "gate_a_passes[smollm2]: {'1:11': True, '1:3': False}" in printed
     argv = ["--base", "smollm2", "--gates_only", "--beside=tiny", "--rules", "1:11"]
     assert learning.without_base(argv) == ["--gates_only", "--rules", "1:11"]
+    for bad in (["--gates_only", "--beside", "nowhere"], ["--beside", "tiny"]):  # refused at once
+        with pytest.raises(SystemExit):
+            learning.parse_options(["--base", "smollm2", *bad])
+    assert "--beside 'nowhere': not one of" in capsys.readouterr().err
