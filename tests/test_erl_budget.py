@@ -82,14 +82,48 @@ def test_gradients_larger_than_grpos_forward_set_the_reference():
     assert budget.loss_tokens() == 200  # (1.5 - 1) x 400 KB at 1000 bytes a token
 
 
-def test_a_forward_that_grows_faster_than_its_tokens_gets_fewer_tokens():
-    budget = StepBudget(1.5, ESTIMATE, "cpu")
+def test_a_packed_forward_that_grows_faster_than_its_tokens_gets_fewer_tokens():
+    """Unsloth's packed layout: the growth is fitted. TRL's padded rows: the same samples
+    fit none (no tensor of a padded forward spans more than one row)."""
+    budget = StepBudget(1.5, ESTIMATE, "cpu", packed=True)
     budget.reference_tokens = 500
-    chunk(budget, [(t, 1000 + 2 * t) for t in (200, 400, 500)])
+    for _ in range(CALIBRATION_CHUNKS):
+        chunk(budget, [(t, 1000 + 2 * t) for t in (200, 400, 500)])
+    assert budget.cost.growth == pytest.approx(2)
+    padded = StepBudget(1.5, ESTIMATE, "cpu")
+    chunk(padded, [(t, 1000 + 2 * t) for t in (200, 400, 500)])
+    assert padded.cost.growth == 0
     limit = 1.5 * 500 * (1000 + 2 * 500)
     tokens = budget.loss_tokens()
     assert tokens < 1.5 * 500
     assert tokens * (1000 + 2 * tokens) <= limit < (tokens + 2) * (1000 + 2 * (tokens + 2))
+
+
+def test_while_calibrating_a_packed_plan_never_outgrows_a_square_cost():
+    """A first chunk of alike forwards (tokens within 10%) hides the growth; the second
+    chunk's plan still stays within the factor under the true cost T x (1000 + 2 T)."""
+
+    def cost(tokens):
+        return tokens * (1000 + 2 * tokens)
+
+    budget = StepBudget(1.5, ESTIMATE, "cpu", packed=True)
+    budget.reference_tokens = 880
+    chunk(budget, [(t, 1000 + 2 * t) for t in (800, 820, 840)])
+    assert budget.calibrating and budget.cost.growth == 0  # the fit alone would overshoot
+    tokens = budget.loss_tokens()
+    assert budget.cost.tokens_within(1.5 * budget.cost.bytes(880)) > tokens
+    assert cost(tokens) <= 1.5 * cost(880)
+    assert tokens == int(840 * (1.5 * budget.cost.bytes(880) / cost(840)) ** 0.5)
+
+
+def test_an_unmeasured_budget_plans_within_grpos_forward():
+    """`measure=False` (a CPU under Unsloth's compiled loss): nothing is measured, and a
+    micro-batch holds GRPO's own forward's tokens."""
+    budget = StepBudget(1.5, ESTIMATE, "cpu", measure=False)
+    budget.reference_tokens = 880
+    assert not budget.calibrating
+    chunk(budget, [(800, 3000)])
+    assert budget.cost is None and budget.loss_tokens() == 880
 
 
 def test_every_process_plans_from_the_pooled_samples():
@@ -139,18 +173,14 @@ def test_generate_calls_scale_the_estimate_by_the_largest_measured_ratio():
 def test_a_gated_run_calibrates_its_budget_on_its_first_chunks(
     tiny_model_dir, arithmetic_dataset, erl_args
 ):
-    """Training measures the backend's loss forwards on the first merged chunks and plans
-    from them: on TRL's trainer the bytes grow in proportion to the tokens, and a later
-    micro-batch starts on the gradients the earlier ones left."""
+    """Training the default step measures the backend's loss forwards on the first merged
+    chunks and plans from them: on TRL's trainer (padded rows) the bytes are proportional
+    to the tokens, and a later micro-batch starts on the gradients the earlier ones left."""
     from pipeline import ERLTrainer
 
     trainer = ERLTrainer(
         model=tiny_model_dir,
-        # per-attempt reflection, the chunks this test was written on (with the default one
-        # reflection per group the fit also finds a growth term: docs/log.md, issue 32)
-        args=erl_args(
-            reward_threshold=2.0, max_steps=CALIBRATION_CHUNKS + 1, reflections_per_group=0
-        ),
+        args=erl_args(reward_threshold=2.0, max_steps=CALIBRATION_CHUNKS + 1),
         train_dataset=arithmetic_dataset,
         reward_funcs=length_reward,
     )

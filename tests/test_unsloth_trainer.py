@@ -9,11 +9,14 @@ session selects (`-m "not slow"` under `make test`, everything under `make test-
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Tests of the suite for features Unsloth's GRPO loss does not have (they skip there).
@@ -60,3 +63,58 @@ def test_both_bases_suite_passes_on_unsloths_trainer(tmp_path, request):
         if case.find("skipped") is not None
     )
     assert skipped == UNSLOTH_LACKS and counts["tests"] >= 14, (counts, skipped)
+
+
+COMPILED_LOSS_SCRIPT = """
+import json, sys
+from pipeline.models.backend import activate_backend
+activate_backend("unsloth")
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+from curriculum.tasks import get_task
+from pipeline import ERLConfig, ERLTrainer
+from pipeline.models.backend import unsloth_compiles_loss
+
+def reward(completions, **kw):
+    return [(len(c[0]["content"]) % 4) / 3 for c in completions]
+
+args = ERLConfig(output_dir=sys.argv[2], per_device_train_batch_size=8, num_generations=4,
+                 max_completion_length=8, max_steps=3, bf16=False, use_cpu=True, report_to=[],
+                 logging_steps=1, reward_threshold=2.0, learning_rate=1e-3, loss_type="bnpo",
+                 beta=0.04, steps_per_generation=2)
+trainer = ERLTrainer(model=AutoModelForCausalLM.from_pretrained(sys.argv[1]), args=args,
+                     train_dataset=Dataset.from_list(get_task("arithmetic").generate(1, 16, seed=0)),
+                     reward_funcs=reward)
+trainer.train()
+print("RESULT " + json.dumps({"compiled": unsloth_compiles_loss(), "base": type(trainer).__mro__[1].__name__,
+    "steps": trainer.state.global_step, "measured": trainer.budget.cost is not None,
+    "gated": [h["erl/gated_fraction"] for h in trainer.state.log_history if "erl/gated_fraction" in h]}))
+"""
+
+
+@pytest.mark.slow
+def test_erl_trains_on_unsloths_trainer_with_its_loss_compiled(tiny_model_dir, tmp_path):
+    """Unsloth compiles its loss unless UNSLOTH_COMPILE_DISABLE is set; the CPU memory meter
+    (a TorchDispatchMode) would break that compile, so the budget plans unmeasured there,
+    and an all-gated bnpo + beta + steps_per_generation 2 run trains."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "ERL_UNSLOTH_CPU_TRAINER": "1",
+        "UNSLOTH_COMPILE_DISABLE": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILED_LOSS_SCRIPT, tiny_model_dir, str(tmp_path / "out")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["compiled"] and result["base"] == "UnslothGRPOTrainer"
+    assert result["steps"] == 3 and result["gated"] and set(result["gated"]) == {1.0}
+    assert not result["measured"]
+    assert "memory meter would break" in done.stderr

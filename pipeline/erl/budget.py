@@ -26,6 +26,21 @@ again, as counting slows every operator. Every process's samples are pooled, so 
 plan alike. Until the first measurement, a micro-batch holds at most the tokens of GRPO's
 own forward and generate calls are weighed against `MemoryModel`'s estimate of it. Under
 vLLM, which manages its own cache, reflections and retries are one call each.
+
+What the fit may find depends on the layout. TRL's trainer pads each row: no tensor of its
+forward spans more than one row, so the bytes are proportional to the tokens at a given
+width, and the fit has no growth term (one it found there at the default step was an
+artefact: two- and three-row forwards of one width differing by ~2.6% a token). Unsloth's
+trainer packs the rows into one sequence whose mask and attention grow with it: there the
+growth is real and fitted, and while calibrating a plan goes no further above the largest
+forward measured than a cost growing with the square of the tokens allows (every cost
+T x (per_token + growth x T) is at most that), since a first chunk of alike forwards can
+hide the growth.
+
+On a CPU with torch.compile on (Unsloth's compiled loss), nothing is measured: the storage
+count is a TorchDispatchMode, which compiled code refuses to run under, and measuring
+around the compiled regions would miss the loss forward, the step's peak. The plan then
+stays the one made before any measurement, within GRPO's own forward (`measure=False`).
 """
 
 from __future__ import annotations
@@ -159,9 +174,9 @@ class LossCost:
     growth: float = 0.0
 
     @classmethod
-    def fit(cls, samples: Sequence[tuple[float, float, float]]) -> LossCost:
+    def fit(cls, samples: Sequence[tuple[float, float, float]], growth: bool = True) -> LossCost:
         """The line of bytes per token against tokens through (tokens, bytes, completion
-        share) samples.
+        share) samples; flat (no growth) unless `growth`, the packed layout's.
 
         Its slope, the growth, is the median of the slopes between samples of alike
         composition (completion shares within 0.05: a forward of short rows holds more
@@ -177,13 +192,20 @@ class LossCost:
             (share[:, None] - share[None, :]).abs() <= 0.05
         )
         slopes = ((per[:, None] - per[None, :]) / (tokens[:, None] - tokens[None, :]))[pairs]
-        growth = max(slopes.median().item(), 0.0) if slopes.numel() else 0.0
+        fitted = growth and slopes.numel() > 0
+        growth = max(slopes.median().item(), 0.0) if fitted else 0.0
         weight = tokens / tokens.sum()
         per_token = (weight * (per - growth * tokens)).sum().item()
         if per_token < 0:  # all growth: the weighted least-squares T^2 through the origin
             growth = ((weight * per * tokens).sum() / (weight * tokens.square()).sum()).item()
             return cls(0.0, growth)
         return cls(per_token, growth)
+
+    @classmethod
+    def square_through(cls, tokens: float, measured: float) -> LossCost:
+        """The cost growing with the square of the tokens through one measured forward: for
+        more tokens, an upper bound on every cost T x (per_token + growth x T) through it."""
+        return cls(0.0, measured / max(tokens, 1.0) ** 2)
 
     def bytes(self, tokens: float) -> float:
         """The bytes of a forward over `tokens` tokens."""
@@ -279,12 +301,21 @@ def plan_generation(
 class StepBudget:
     """One trainer's budget: `loss_tokens()` per loss forward and `plan_generation` for
     generate calls, from `factor` x GRPO's loss forward of `reference_tokens` tokens (set
-    for every generation batch), measured on the first merged chunks."""
+    for every generation batch), measured on the first merged chunks (`packed`: the rows of
+    a forward are one sequence, Unsloth's layout; `measure` False: never measured)."""
 
-    def __init__(self, factor: float, estimate: MemoryModel, device) -> None:
+    def __init__(
+        self,
+        factor: float,
+        estimate: MemoryModel,
+        device,
+        packed: bool = False,
+        measure: bool = True,
+    ) -> None:
         self.factor = factor
         self.estimate = estimate
         self.device = device
+        self.packed = packed
         self.reference_tokens = 0
         self.cost: LossCost | None = None
         # What a chunk already holds when a later micro-batch's forward starts (the
@@ -293,7 +324,10 @@ class StepBudget:
         # Measured / estimated bytes of generate calls: the largest ratio measured (1 before).
         self.generate_scale = 1.0
         self._generate_ratio = 0.0
-        self._chunks_left = CALIBRATION_CHUNKS
+        self._chunks_left = CALIBRATION_CHUNKS if measure else 0
+        # While calibrating a packed layout: the square-growth bound through the largest
+        # forward measured (None: no bound).
+        self._bound: LossCost | None = None
         self._meter: StoragePeakMeter | CudaPeakMeter | None = None  # during a chunk
         self._loss: list[tuple[float, ...]] = []  # (tokens, bytes, share, held), this chunk
         self._generate: list[tuple[float, float]] = []  # (estimated, measured bytes)
@@ -311,8 +345,11 @@ class StepBudget:
         # GRPO's step holds at least its forward, and at least the gradients its backward
         # leaves; a later micro-batch's forward starts on those gradients.
         reference = max(self.cost.bytes(self.reference_tokens), self.held)
-        limit = self.factor * reference - self.held
-        return max(1, int(min(self.cost.tokens_within(max(limit, 0.0)), 2**62)))
+        limit = max(self.factor * reference - self.held, 0.0)
+        tokens = self.cost.tokens_within(limit)
+        if self.calibrating and self._bound is not None:
+            tokens = min(tokens, self._bound.tokens_within(limit))
+        return max(1, int(min(tokens, 2**62)))
 
     def generation_bytes(self) -> float:
         """The most bytes a reflection or retry generate call may hold."""
@@ -361,7 +398,10 @@ class StepBudget:
         if self._generate_ratio > 0:  # some call was measured
             self.generate_scale = self._generate_ratio
         if self._pooled:
-            self.cost = LossCost.fit(self._pooled)
+            self.cost = LossCost.fit(self._pooled, growth=self.packed)
+            if self.packed:
+                largest = max(self._pooled)
+                self._bound = LossCost.square_through(largest[0], largest[1])
 
     @contextmanager
     def loss_forward(self, tokens: int, share: float = 0.0) -> Iterator[None]:

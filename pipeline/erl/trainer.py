@@ -20,13 +20,19 @@ the base is Unsloth's generated GRPOTrainer (it rebinds `trl.GRPOTrainer`).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pipeline.models.backend import activate_backend, check_trainer_base, unsloth_trainer_active
+from pipeline.models.backend import (
+    activate_backend,
+    check_trainer_base,
+    unsloth_compiles_loss,
+    unsloth_trainer_active,
+)
 
 activate_backend()  # before trl: on a GPU, Unsloth rebinds trl.GRPOTrainer
 
@@ -68,6 +74,7 @@ from pipeline.models.quantization import (  # noqa: E402
 )
 
 FeedbackFunc = Callable[..., list[str]]
+logger = logging.getLogger(__name__)
 
 # Unsloth options that add batch keys (sample weights, rollout log-probs as old) that ERL's
 # rows would have to carry; refused up front rather than at the first gated batch.
@@ -142,6 +149,8 @@ class ERLTrainer(GRPOTrainer):
                 gradient_checkpointing=args.gradient_checkpointing,
             ),
             self.accelerator.device,
+            packed=unsloth_trainer_active(),
+            measure=_can_measure(self.accelerator.device),
         )
         self._backend = _Backend(self)
         self._generate_calls = 0  # reflection and retry generate calls since the last log
@@ -437,6 +446,21 @@ def _refuse_unsupported(model, args, feedback_func, memory, kwargs: dict) -> Non
                 f"ERLTrainer does not support {', '.join(enabled)} (Unsloth adds batch keys "
                 "for it that ERL's reflection and retry rows do not carry); unset it"
             )
+
+
+def _can_measure(device: torch.device) -> bool:
+    """Whether the memory budget can measure this trainer's steps. Not on a CPU under
+    Unsloth's compiled loss: the CPU meter is a TorchDispatchMode, under which
+    torch.compile(fullgraph=True) finds no frame to compile; the budget then keeps its plan
+    within GRPO's own forward (`pipeline.erl.budget`), and says so once."""
+    if device.type == "cuda" or not unsloth_compiles_loss():
+        return True
+    logger.warning(
+        "ERL's memory budget: Unsloth compiles its loss (UNSLOTH_COMPILE_DISABLE is not set), "
+        "which the CPU's memory meter would break; loss micro-batches stay within GRPO's own "
+        "forward, unmeasured"
+    )
+    return False
 
 
 def _float_bytes(model) -> int:

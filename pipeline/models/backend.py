@@ -129,6 +129,16 @@ def _patch_unsloth_trainer_on_cpu() -> None:
     _patch_trl_rl_trainers_impl("grpo_trainer")
 
 
+def unsloth_compiles_loss() -> bool:
+    """Whether Unsloth's generated trainer is active and torch-compiles its loss (as it does
+    unless `UNSLOTH_COMPILE_DISABLE` is set; read where Unsloth read it, at its import)."""
+    if not unsloth_trainer_active():
+        return False
+    from unsloth_zoo.temporary_patches.common import UNSLOTH_COMPILE_DISABLE
+
+    return not UNSLOTH_COMPILE_DISABLE
+
+
 def unsloth_patches_trainers() -> bool:
     """Whether Unsloth's whole GPU stack is in use: its rewritten trainers and its model
     methods (merging, GGUF export). Unsloth's trainer alone on a CPU does not count."""
