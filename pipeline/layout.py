@@ -5,7 +5,7 @@ and `python -m pipeline.reward_model --from_run` read it. Other tools rely on it
 every reader and writer takes its paths from `RunLayout`:
 
     <output_dir>/.run.lock                the running process's lock and PID (one writer at a time)
-    <output_dir>/run_config.json          every option the run started with (a resume must match)
+    <output_dir>/run_config.json          every option the run started with (a resume keeps them)
     <output_dir>/curriculum_state.json    stages: status, steps, r1_mean, eval_reward, checkpoint
     <output_dir>/stage_<k>/               model or adapter + tokenizer + erl_memory.json
         metrics.jsonl                     one JSON object per logged step

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from pipeline.evaluate.cli import main as evaluate
+from pipeline.options import UsageError
 from pipeline.reward_model.cli import main as reward_model
 from pipeline.reward_model.collect import main as collect
 from pipeline.run.cli import main as run
@@ -140,6 +141,12 @@ RUN_CASES = [
      ["--preference_functions", '{"j": {"function": "os:system", "weight": 1}}'],
      "error: preference function 'os:system' takes other arguments than (prompt, a, b) "
      "((command)): give a function (prompt, a, b) -> a preference in [0, 1]"),
+    case("an option only erl reads, with grpo", ["--method", "grpo", "--reflections_per_group", "2"],
+     "error: --reflections_per_group is an option of erl only, which --method grpo would ignore "
+     "(2): leave it out, or choose erl"),
+    case("an option only erl reads, with sdpo", ["--method", "sdpo", "--no_enable_memory"],
+     "error: --enable_memory is an option of erl only, which --method sdpo would ignore (False): "
+     "leave it out, or choose erl"),
     case("resume with no run there", ["--resume", "true"],
      "error: --resume true: there is no run to resume in --output_dir (OUT: STATE): check the "
      "folder's name, or leave out --resume to start a new run there"),
@@ -225,8 +232,8 @@ def test_a_resume_with_other_options_is_one_line(run_argv, tmp_path, capsys):
     line = refusal(capsys, run(run_argv("--resume", "true")))
     assert line.startswith(
         f"error: --resume true: the run in {out} started with other options (learning_rate: "
-        f"0.1 -> 0.0005): resume with the options in {out / 'run_config.json'}, or start a new "
-        "run in another --output_dir (a resume may change baseline_run, disable_tqdm, "
+        f"0.1 -> 0.0005): leave them out to continue with those in {out / 'run_config.json'}, or "
+        "start a new run in another --output_dir (a resume may change baseline_run, disable_tqdm, "
     ), line
     assert folder_state(out) == before
     (out / "run_config.json").unlink()
@@ -281,6 +288,94 @@ def test_a_removed_erl_option_is_one_line_on_the_command_line_in_a_recipe_and_on
         "--output_dir"
     )
     assert folder_state(out) == before
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_resume_continues_with_the_options_its_run_recorded(recipe, tmp_path):
+    """`--output_dir D --resume true` alone parses to exactly the options the run started
+    with, overrides included, whatever its recipe; an option it names is compared."""
+    from pipeline.models.backend import active_backend
+    from pipeline.run.config import check_resume_config, parse_run_config, resolved_config
+
+    out = tmp_path / "out"
+    here = ["--backend", "transformers", "--bf16", "false", "--fast_inference", "false"]
+    overrides = ["--eval_prompts", "4", "--gradient_accumulation_steps", "2", "--seed", "3"]
+    run, model, curriculum, args = parse_run_config(
+        ["--config", str(recipe), "--output_dir", str(out), *here, *overrides]
+    )
+    model.backend = active_backend()  # as the run records it
+    started = resolved_config(run, model, curriculum, args)
+    out.mkdir()
+    (out / "run_config.json").write_text(json.dumps(started))
+    resumed = resolved_config(*parse_run_config(["--output_dir", str(out), "--resume"]))
+    assert resumed == {**started, "resume": True}
+    named = resolved_config(
+        *parse_run_config(["--output_dir", str(out), "--resume", "true", "--seed", "4"])
+    )
+    with pytest.raises(UsageError, match=r"started with other options \(seed: 3 -> 4\)"):
+        check_resume_config(out, named)
+    # A record from before method and reflections_per_group: what those runs trained with.
+    older = {k: v for k, v in started.items() if k not in ("method", "reflections_per_group")}
+    (out / "run_config.json").write_text(json.dumps(older))
+    resumed = resolved_config(*parse_run_config(["--output_dir", str(out), "--resume", "true"]))
+    assert (resumed["method"], resumed["reflections_per_group"]) == ("erl", 0)
+    check_resume_config(out, resumed)
+
+
+def test_an_option_only_erl_reads_counts_where_the_user_gives_it_with_the_method():
+    """Refused on the command line, or in a recipe that chooses the method itself; a recipe
+    made for erl (configs/tiny.yaml) trains grpo as it stands, and sdpo reads reward_threshold."""
+    from pipeline.run.config import parse_run_config
+
+    *_, args = parse_run_config(["--method", "sdpo", "--reward_threshold", "0.5"])
+    assert args.reward_threshold == 0.5
+    assert parse_run_config(["--config", TINY, "--method", "grpo"])[0].method == "grpo"
+
+
+def test_a_recipe_that_chooses_grpo_and_an_option_only_erl_reads_is_one_line(
+    run_argv, tmp_path, capsys
+):
+    recipe = tmp_path / "grpo.yaml"
+    recipe.write_text(Path(TINY).read_text().replace("method: erl", "method: grpo"))
+    argv = run_argv()
+    argv[argv.index(TINY)] = str(recipe)
+    line = refusal(capsys, run(argv))
+    assert line.startswith("error: --memory_scope is an option of erl only, which --method grpo")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "command, extra, option",
+    [
+        ("run", ["--output_dir", "FILE"], "--output_dir"),
+        ("run", ["--output_dir", "FILE/sub", "--resume", "true"], "--output_dir"),
+        ("reward_model", ["--output_dir", "FILE"], "--output_dir"),
+        ("evaluate", ["--output_json", "FOLDER"], "--output_json"),
+        ("collect", ["--output", "FOLDER"], "--output"),
+    ],
+)
+def test_an_output_that_cannot_be_written_there_is_one_line(
+    tiny_model_dir, tmp_path, capsys, command, extra, option
+):
+    """An output folder that is a file (or inside one), an output file that is a folder:
+    refused before the lock or anything else touches the disk."""
+    (tmp_path / "FILE").write_text("not a folder\n")
+    pairs = tmp_path / "FOLDER" / "pairs.jsonl"
+    pairs.parent.mkdir()
+    pairs.write_text('{"prompt": "q", "chosen": "a", "rejected": "b"}\n' * 4)
+    before = folder_state(tmp_path)
+    extra = [str(tmp_path / a) if a.startswith(("FILE", "FOLDER")) else a for a in extra]
+    model = ["--model_name_or_path", tiny_model_dir]
+    task = ["--task", "arithmetic", "--level", "1"]
+    main, argv = {
+        "run": (run, ["--config", TINY, *model]),
+        "reward_model": (reward_model, ["--pairs", str(pairs), *model]),
+        "evaluate": (evaluate, [*model, *task]),
+        "collect": (collect, [*model, *task]),
+    }[command]
+    line = refusal(capsys, main([*argv, *extra]))
+    assert line.startswith(f"error: {option} is "), line
+    assert folder_state(tmp_path) == before
 
 
 def test_a_run_from_before_reflections_per_group_resumes_at_0_only(tmp_path):

@@ -12,12 +12,13 @@ from test_run import TINY_RECIPE
 
 from pipeline.compare.cli import main
 
-# configs/tiny.yaml, shortened (as tests/test_run.py shortens it).
+# configs/tiny.yaml, shortened (as tests/test_run.py shortens it; ERL's reflections take
+# max_completion_length, and an option only erl reads is refused where no run is erl).
 FAST = [
     "--warmup_sft_steps", "10", "--warmup_sft_examples", "200", "--prompts_per_stage", "64",
     "--eval_prompts", "8", "--per_device_train_batch_size", "8", "--num_generations", "4",
-    "--max_completion_length", "8", "--reflection_max_completion_length", "8",
-    "--promote_window", "8", "--min_stage_steps", "2", "--disable_tqdm", "true",
+    "--max_completion_length", "8", "--promote_window", "8", "--min_stage_steps", "2",
+    "--disable_tqdm", "true",
 ]  # fmt: skip
 
 
@@ -36,6 +37,11 @@ def compare_args(tiny_model_dir, folder, *extra):
         (["--learning_rates", "grpo=fast"], "--learning_rates: each item is METHOD=RATE"),
         (["--learning_rates", "sdpo=1e-4"], "for a compared method (sdpo=1e-4)"),
         (["--method", "erl"], "--method is set by python -m pipeline.compare for each run (erl)"),
+        (
+            ["--methods", "grpo,sdpo", "--memory_size", "7"],
+            "error: --memory_size is an option of "
+            "erl only, which --methods grpo,sdpo would ignore (7): leave it out, or choose erl",
+        ),
         (["--learning_rate", "-1"], "--learning_rate must be a finite number > 0"),
         (["--task", "chess"], "unknown task (chess)"),
     ],

@@ -131,6 +131,7 @@ def test_two_processes_train_erl_like_one_with_twice_the_batch(tiny_model_dir, t
 # threshold promotes a stage whose first attempts all score the fallback reward (-0.5),
 # which is what a 10-step warm-up gives the tiny model: the test is about the processes
 # agreeing, not about learning. No replay: every first attempt counts for the controller.
+# No option only erl reads: grpo and sdpo, which refuse one, train with these too.
 RUN_ARGS = [
     "--config",
     "configs/tiny.yaml",
@@ -149,8 +150,6 @@ RUN_ARGS = [
     "--num_generations",
     "4",
     "--max_completion_length",
-    "8",
-    "--reflection_max_completion_length",
     "8",
     "--promote_threshold",
     "-0.5",

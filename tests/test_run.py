@@ -21,7 +21,8 @@ from pipeline.run.plots import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 CUDA = torch.cuda.is_available()
 TINY_RECIPE = str(REPO / "configs" / "tiny.yaml")
-# configs/tiny.yaml, shortened: a few steps per stage, two levels.
+# configs/tiny.yaml, shortened: a few steps per stage, two levels. No option only erl reads:
+# tests/test_methods.py trains grpo and sdpo with these, which refuse one.
 FAST = [
     "--warmup_sft_steps",
     "10",
@@ -36,8 +37,6 @@ FAST = [
     "--num_generations",
     "4",
     "--max_completion_length",
-    "8",
-    "--reflection_max_completion_length",
     "8",
     "--promote_window",
     "8",
@@ -468,3 +467,47 @@ def test_a_run_interrupted_in_the_warmup_resumes(tiny_model_dir, tmp_path, monke
     assert main(run_args(tiny_model_dir, out, "--resume", "true", *safe)) == 0
     assert json.loads((out / "curriculum_state.json").read_text())["finished"] is True
     assert (out / "warmup" / "model.safetensors").exists()
+
+
+def test_a_resume_needs_no_retyping(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """A run started with overrides of the default recipe, interrupted in its warm-up, resumes
+    with `--output_dir` and `--resume true` alone: it trains and evaluates with the options
+    it recorded (4 held-out prompts, one step), not configs/tiny.yaml's; an option named on
+    the command line is compared with the record."""
+    from trl import SFTTrainer
+
+    import pipeline.evaluate.first_attempts as first_attempts
+
+    out = tmp_path / "run"
+    started = [
+        "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--eval_prompts", "4",
+        "--warmup_sft_steps", "2", "--max_level", "1", "--min_stage_steps", "1",
+        "--max_stage_steps", "1", "--promote_window", "4", "--prompts_per_stage", "8",
+        "--per_device_train_batch_size", "8", "--num_generations", "4",
+        "--max_completion_length", "4", "--reflection_max_completion_length", "4",
+        "--save_strategy", "no", "--disable_tqdm", "true",
+    ]  # fmt: skip
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SFTTrainer, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(started)
+    monkeypatch.undo()
+    resume = ["--output_dir", str(out), "--resume", "true"]
+    assert main([*resume, "--eval_prompts", "8"]) == 2
+    assert "started with other options (eval_prompts: 4 -> 8): " in capsys.readouterr().err
+
+    evaluated = []
+    evaluate = first_attempts.evaluate_first_attempts
+
+    def counted(model, tokenizer, task, level, n, **kwargs):
+        evaluated.append(n)
+        return evaluate(model, tokenizer, task, level, n, **kwargs)
+
+    monkeypatch.setattr(first_attempts, "evaluate_first_attempts", counted)
+    assert main(resume) == 0, capsys.readouterr().err
+    assert evaluated == [4]
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] and [s["steps"] for s in state["stages"]] == [1]

@@ -49,8 +49,9 @@ def compare(argv: list[str]) -> int:
     check_policy_path_early(user_argv)  # a typo in a local path is named in a second
     backend = choose_backend(user_argv)
     config = parse_compare_options(own)
+    methods = tuple(config.method_list())
     _one_thread_on_a_cpu()
-    run, _, curriculum, args = parse_run_config(user_argv)
+    run, _, curriculum, args = parse_run_config(user_argv, options_for=methods)
     from pipeline.compare import report
     from pipeline.compare.runs import (
         Recorder,
@@ -83,9 +84,10 @@ def compare(argv: list[str]) -> int:
 
     # ---- Every run's options, checked before anything is written; a finished run is read
     # back only if it was trained with exactly these.
-    finished, settings = {}, {}
+    finished, settings, argvs = {}, {}, {}
     for spec in specs:
-        max_stage_steps, options = _run_options(run_argv(user_argv, spec, config), backend)
+        argvs[spec] = run_argv(user_argv, spec, config)
+        max_stage_steps, options = _run_options(argvs[spec], backend, methods)
         settings[spec] = budget_settings(config, max_stage_steps)
         record = read_record(spec.folder)
         if record is not None:
@@ -111,7 +113,7 @@ def compare(argv: list[str]) -> int:
                 records[spec] = finished[spec]
                 bar.update(1)
                 continue
-            start = start or ensure_warmup(user_argv, root / "warmup")
+            start = start or ensure_warmup(user_argv, root / "warmup", methods)
             recorder = Recorder(
                 budget=config.budget if config.budget_unit != "steps" or config.budget else None,
                 unit=config.budget_unit,
@@ -128,12 +130,10 @@ def compare(argv: list[str]) -> int:
                     f"{label}: {text}", refresh=False
                 ),
             )
-            argv_of_run = run_argv(user_argv, spec, config)
-            records[spec] = train_run(spec, argv_of_run, start, recorder, settings[spec])
+            records[spec] = train_run(spec, argvs[spec], start, recorder, settings[spec], methods)
             bar.update(1)
 
     # ---- The figures, comparison.json and comparison.png.
-    methods = config.method_list()
     ok = {m: [r for s, r in records.items() if s.method == m and not r["error"]] for m in methods}
     failed = [r for r in records.values() if r["error"]]
     ran = {m: rs for m, rs in ok.items() if rs}
@@ -146,7 +146,7 @@ def compare(argv: list[str]) -> int:
         return 1
     result = report.figures(ran)
     described = {
-        "methods": methods,
+        "methods": list(methods),
         "seeds": config.seeds,
         "learning_rates": {s.method: s.learning_rate for s in specs},
         "budget": config.budget or None,
@@ -178,11 +178,11 @@ def _one_thread_on_a_cpu() -> None:
         torch.set_num_threads(1)
 
 
-def _run_options(argv: list[str], backend: str) -> tuple[int, dict]:
+def _run_options(argv: list[str], backend: str, methods: tuple[str, ...]) -> tuple[int, dict]:
     """(max_stage_steps, the resolved options) one run would start with."""
     from pipeline.run.config import parse_run_config, resolved_config
 
-    run, model, curriculum, args = parse_run_config(argv)
+    run, model, curriculum, args = parse_run_config(argv, options_for=methods)
     model.backend = backend
     return curriculum.max_stage_steps, resolved_config(run, model, curriculum, args)
 

@@ -205,19 +205,26 @@ def held_out_evaluator(task, level: int, n: int, max_new_tokens: int, weights):
 # ---- Running ----------------------------------------------------------------------------
 
 
-def ensure_warmup(user_argv: list[str], folder: Path) -> Path:
-    """The shared starting checkpoint: the recipe's warm-up, run once into `folder`."""
+def ensure_warmup(user_argv: list[str], folder: Path, options_for: tuple[str, ...]) -> Path:
+    """The shared starting checkpoint: the recipe's warm-up, run once into `folder`
+    (`options_for`: the compared methods, `RunHooks`)."""
     from pipeline.run.cli import RunHooks, run_curriculum
 
     start = RunLayout(folder).final
     if not start.exists():
         shutil.rmtree(folder, ignore_errors=True)  # an interrupted warm-up starts again
-        run_curriculum(warmup_argv(user_argv, folder), RunHooks(stop=lambda: True))
+        hooks = RunHooks(stop=lambda: True, options_for=options_for)
+        run_curriculum(warmup_argv(user_argv, folder), hooks)
     return start
 
 
 def train_run(
-    spec: RunSpec, argv: list[str], start: Path, recorder: Recorder, settings: dict
+    spec: RunSpec,
+    argv: list[str],
+    start: Path,
+    recorder: Recorder,
+    settings: dict,
+    options_for: tuple[str, ...],
 ) -> dict:
     """Train one run from `start` and write its record (atomically, last); a run that
     fails is recorded as failed, with its error, and the comparison goes on."""
@@ -225,7 +232,10 @@ def train_run(
 
     shutil.rmtree(spec.folder, ignore_errors=True)  # an interrupted run starts again
     hooks = RunHooks(
-        start_from=start, stage_callbacks=recorder.callbacks, stop=lambda: recorder.exhausted
+        start_from=start,
+        stage_callbacks=recorder.callbacks,
+        stop=lambda: recorder.exhausted,
+        options_for=options_for,
     )
     began = time.perf_counter()
     error = None

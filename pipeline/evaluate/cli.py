@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.options import UsageError, run_command, usage_errors
+from pipeline.options import UsageError, check_output_path, run_command, usage_errors
 
 PROG = "python -m pipeline.evaluate"
 USAGE = f"{PROG} --model_name_or_path PATH [--task NAME] [--level N] [--option VALUE ...]"
@@ -135,6 +135,8 @@ class EvaluateArguments:
                 self.temperature,
                 "e.g. 1.0",
             )
+        if self.output_json:
+            check_output_path(self.output_json, "--output_json", folder=False)
 
 
 def parse_key_values(items: list[str] | dict, option: str) -> dict[str, Any]:

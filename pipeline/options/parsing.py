@@ -102,6 +102,19 @@ def _take_recipe(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
     return rest, recipe
 
 
+def named_options(argv: Sequence[str]) -> tuple[set[str], dict[str, Any]]:
+    """What a command line names itself, not its defaults: the options on it, spelt as
+    fields (`--a-b` and `--a_b=1` name a_b, and so does `--no_a_b`), and the mapping of the
+    `--config` recipe it names ({} without one)."""
+    rest, recipe = _take_recipe(list(argv))
+    names = set()
+    for arg in rest:
+        if arg.startswith("--"):
+            name = arg[2:].split("=", 1)[0].replace("-", "_")
+            names |= {name, name.removeprefix("no_")}
+    return names, recipe
+
+
 def _rewrite_aliases(
     argv: list[str], aliases: Mapping[str, Sequence[str]], booleans: set[str]
 ) -> list[str]:

@@ -149,3 +149,15 @@ def check_local_model_early(argv: Sequence[str], *names: str) -> None:
         if source:
             check_model_source(source, "--model_name_or_path", hub=False)
             return
+
+
+def check_output_path(path: str | Path, option: str, *, folder: bool = True) -> None:
+    """Refuse, before anything touches the disk, an output that cannot be written there: a
+    folder (`folder`) that is a file, a file that is a folder, or either under a file."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        kind = "a file, not a folder" if folder else "a folder, not a file"
+        raise UsageError(f"{option} is {kind}", path, f"choose a {'folder' if folder else 'file'}")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UsageError(f"{option} is inside {parent}, a file", path, "choose another path")

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from curriculum.atomic import atomic_write_text
 from pipeline.models.backend import activate_backend
-from pipeline.options import UsageError, run_command, usage_errors
+from pipeline.options import UsageError, check_output_path, run_command, usage_errors
 
 SEED_OFFSET = 500_000
 """Prompt seeds start here: away from the stages' and the warm-up's, below the held-out ones."""
@@ -130,6 +130,7 @@ class CollectArguments:
             )
         if not 0 <= self.seed < SEED_OFFSET:  # higher seeds would reach the held-out prompts
             raise UsageError(f"--seed must be in [0, {SEED_OFFSET})", self.seed, "e.g. 0")
+        check_output_path(self.output, "--output", folder=False)
 
 
 PROG = "python -m pipeline.reward_model.collect"

@@ -141,7 +141,7 @@ def parse_reward_model_config(argv: list[str]):
     """
     from trl import RewardConfig
 
-    from pipeline.options import UsageError, parse_options, usage_errors
+    from pipeline.options import UsageError, check_output_path, parse_options, usage_errors
 
     options, args = parse_options(
         (RewardModelArguments, RewardConfig),
@@ -153,6 +153,7 @@ def parse_reward_model_config(argv: list[str]):
     )
     with usage_errors():
         options.validate()
+    check_output_path(args.output_dir, "--output_dir")
     for name in ("num_train_epochs", "learning_rate", "per_device_train_batch_size"):
         value = getattr(args, name)
         if not (math.isfinite(value) and value > 0):

@@ -48,8 +48,6 @@ def check_output_dir(layout: RunLayout, resume: bool) -> None:
     root = layout.root
     # The lock file is this process's own (taken just before): it is not a run.
     holds_files = root.is_dir() and any(p != layout.lock for p in root.iterdir())
-    if root.exists() and not root.is_dir():
-        raise UsageError("--output_dir is a file, not a folder", root, "choose a folder")
     if not resume:
         if holds_files:
             raise UsageError(

@@ -23,6 +23,7 @@ from pipeline.options import (
     UsageError,
     check_level,
     check_model_source,
+    check_output_path,
     check_signal_weights,
     check_task,
     usage_errors,
@@ -47,6 +48,7 @@ def check_run(
     check_exports(run, model)
     check_machine(model, args)
     check_parallelism(args)
+    check_output_path(layout.root, "--output_dir")  # before the lock makes the folder
     hold_output_dir(layout, run.resume)  # before the folder is read: one writer at a time
     check_output_dir(layout, run.resume)
     if run.resume:

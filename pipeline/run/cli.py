@@ -55,11 +55,14 @@ class RunHooks:
     `start_from`, a saved policy (a `final/` folder) to start from instead of the recipe's
     warm-up, which is then saved as the run's `warmup/`; `stage_callbacks(trainer,
     controller)`, more TrainerCallbacks for each stage's trainer; `stop()`, true once the
-    run should end after its running stage (a spent budget)."""
+    run should end after its running stage (a spent budget); `options_for`, the methods
+    the command line's options are for, when they are not the run's own (the comparison's
+    every method: `parse_run_config`)."""
 
     start_from: Path | None = None
     stage_callbacks: Callable[[Any, Any], list] | None = None
     stop: Callable[[], bool] = lambda: False
+    options_for: tuple[str, ...] = ()
 
 
 def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
@@ -81,7 +84,7 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
 
     check_policy_path_early(argv)  # a typo in a local path is named in a second
     backend = choose_backend(argv)
-    run, model_config, curriculum_config, args = parse_run_config(argv)
+    run, model_config, curriculum_config, args = parse_run_config(argv, hooks.options_for)
     model_config.backend = backend  # resolved once: the loader and run_config.json read this
     config = resolved_config(run, model_config, curriculum_config, args)
     main_process = distributed.is_main_process()  # the one that writes the run's files
@@ -142,7 +145,7 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     state = distributed.load_curriculum_state(layout.state)
     state.save()
     if main_process and not (run.resume and layout.run_config.exists()):
-        record_config(layout.root, config)  # a resume must match it (checked above)
+        record_config(layout.root, config)  # a resume continues with it (checked above)
     if main_process:
         remove_finished_checkpoints(layout, state)  # left by a kill after a stage ended
     if state.controller:

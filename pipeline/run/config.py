@@ -26,8 +26,9 @@ from pipeline.models.backend import BACKEND_ENV, BACKENDS, activate_backend, res
 from pipeline.models.loading import ModelConfig
 from pipeline.options import (
     UsageError,
-    check_local_model_early,
+    check_model_source,
     cuda_bf16,
+    named_options,
     options_parser,
     parse_options,
     peek_option,
@@ -202,10 +203,9 @@ def check_policy_path_early(argv: list[str]) -> None:
     """A policy path that looks local and does not exist, refused before the slow imports
     (trl, transformers), unless the run builds the tiny model there. The full check, hub
     ids included, comes with the others (`pipeline.run.checks`)."""
-    argv = with_default_recipe(argv)
-    builds = (peek_option(argv, "build_tiny_model") or "false").lower() in ("true", "yes", "1")
-    if not builds:
-        check_local_model_early(argv, "model_name_or_path")
+    source = peek_run_option(argv, "model_name_or_path")
+    if source and not _true(peek_run_option(argv, "build_tiny_model")):
+        check_model_source(source, "--model_name_or_path", hub=False)
 
 
 def choose_backend(argv: list[str]) -> str:
@@ -217,8 +217,7 @@ def choose_backend(argv: list[str]) -> str:
     The run writes the result into `ModelConfig.backend`, which every later reader (the
     policy loader, run_config.json) takes.
     """
-    argv = with_default_recipe(argv)
-    given = peek_option(argv, "backend")
+    given = peek_run_option(argv, "backend")
     requested = given or os.environ.get(BACKEND_ENV, "auto")
     if requested not in BACKENDS:
         where = "--backend" if given else BACKEND_ENV
@@ -238,7 +237,7 @@ def verbose(log_level: str) -> bool:
 
 def peek_log_level(argv: list[str]) -> str:
     """The `log_level` option, read before the libraries that print on import load."""
-    return peek_option(with_default_recipe(argv), "log_level") or "passive"
+    return peek_run_option(argv, "log_level") or "passive"
 
 
 # ---- The configuration a run started with ---------------------------------------------
@@ -293,6 +292,10 @@ def _json_values(value: Any) -> Any:
     return value
 
 
+# What an older run_config.json, written before an option existed, trained with: always ERL,
+# one reflection per gated attempt (the value of each that trains as those runs did).
+BEFORE_THE_OPTION = {"method": "erl", "reflections_per_group": 0}
+
 # Recorded beside the options, derived from them: `task_class` is where the class of
 # `task` lives (module:Class), so that a resume and pipeline.evaluate find a user's task.
 # `memory_policy` is what the reflection memory admits and how it ranks (ReflectionMemory's
@@ -314,15 +317,17 @@ def memory_policy(path: Path) -> dict[str, bool]:
 
 def check_resume_config(output_dir: Path, config: dict[str, Any]) -> None:
     """On a resume, refuse `config` if an option outside RESUME_SAFE_OPTIONS differs from
-    the one the run started with (its run_config.json; a run without one is not checked)."""
+    the one the run started with (its run_config.json; a run without one is not checked).
+    The resume starts from those (`recorded_options`): only an option the command line or
+    its --config recipe names can differ."""
     path = RunLayout(output_dir).run_config
     changes = config_changes(path, config, output_dir)
     if changes:
         raise UsageError(
             f"--resume true: the run in {output_dir} started with other options",
             changes,
-            f"resume with the options in {path}, or start a new run in another --output_dir "
-            f"(a resume may change {', '.join(sorted(RESUME_SAFE_OPTIONS))})",
+            f"leave them out to continue with those in {path}, or start a new run in another "
+            f"--output_dir (a resume may change {', '.join(sorted(RESUME_SAFE_OPTIONS))})",
         )
 
 
@@ -337,9 +342,7 @@ def config_changes(path: Path, config: dict[str, Any], output_dir: Path | None =
 
     if not path.exists():
         return ""
-    # Older runs: always ERL, one reflection per gated attempt (options added since, at the
-    # value that trains as those runs did).
-    started = {"method": "erl", "reflections_per_group": 0} | json.loads(path.read_text())
+    started = BEFORE_THE_OPTION | json.loads(path.read_text())
     for name, (default, why) in REMOVED_OPTIONS.items():
         value = started.pop(name, default)
         if value != default:
@@ -364,11 +367,43 @@ def record_config(output_dir: Path, config: dict[str, Any]) -> None:
 
 def with_default_recipe(argv: list[str]) -> list[str]:
     """`argv` with `--config configs/tiny.yaml` in front when it names no recipe (a plain
-    `python -m pipeline.run` is the offline demo)."""
+    `python -m pipeline.run` is the offline demo), unless it resumes a run that recorded
+    its options: those are then what it does not name (`recorded_options`)."""
     argv = list(argv)
-    if "--config" not in argv and not any(a in ("-h", "--help") for a in argv):
+    named = "--config" in argv or any(a in ("-h", "--help") for a in argv)
+    if not named and not recorded_options(argv):
         argv = ["--config", str(DEFAULT_RECIPE), *argv]
     return argv
+
+
+def recorded_options(argv: list[str]) -> dict[str, Any]:
+    """On `--resume true`, the options the run in --output_dir started with (its
+    run_config.json): a resume continues with them, under those its command line and its
+    --config recipe name. {} for a new run, or a run from before the record."""
+    given = peek_option(argv, "resume") or ("true" if "--resume" in argv else None)  # or bare
+    if not _true(given):
+        return {}
+    recipe = argv if "--config" in argv else ["--config", str(DEFAULT_RECIPE), *argv]
+    output_dir = peek_option(recipe, "output_dir")
+    path = RunLayout(output_dir).run_config if output_dir else None
+    if path is None or not path.is_file():
+        return {}
+    recorded = BEFORE_THE_OPTION | json.loads(path.read_text())
+    return recorded | {"output_dir": output_dir}  # the folder, as given now
+
+
+def peek_run_option(argv: list[str], name: str) -> str | None:
+    """Option `name` as the run will read it, before parsing: the command line, its
+    recipe (`with_default_recipe`), then the options a resumed run recorded."""
+    value = peek_option(with_default_recipe(argv), name)
+    if value is None:
+        value = recorded_options(argv).get(name)
+    return None if value is None else str(value)
+
+
+def _true(value: str | None) -> bool:
+    """A boolean option's text (peeked, before parsing) as HfArgumentParser reads it."""
+    return (value or "").lower() in ("true", "yes", "t", "y", "1")
 
 
 def run_parser():
@@ -393,20 +428,29 @@ def _check_precision(namespace) -> None:
         )
 
 
-def parse_run_config(argv: list[str]):
-    """(RunConfig, ModelConfig, CurriculumConfig, ERLConfig) from a recipe and overrides.
+def parse_run_config(argv: list[str], options_for: tuple[str, ...] = ()):
+    """(RunConfig, ModelConfig, CurriculumConfig, ERLConfig) from a recipe and overrides;
+    on a resume, from the options its run recorded and those the command line names.
 
     Without a CUDA GPU that has bf16, bf16 defaults to off (TRL's default turns it on and
-    transformers then refuses the machine). A bad option is a UsageError naming it. Call
-    after `activate_backend` (or `choose_backend`): this imports trl.
+    transformers then refuses the machine). A bad option is a UsageError naming it, and so
+    is an option the user gives that no method of `options_for` reads (default: the run's
+    own method; `check_options_read`). Call after `activate_backend` (or
+    `choose_backend`): this imports trl.
     """
     from pipeline.erl.config import REMOVED_OPTIONS, ERLConfig
 
+    # The record's options (not RECORDED_ONLY's, nor one since removed); without
+    # generation_batch_size, recorded as derived from steps_per_generation (or the reverse):
+    # GRPOConfig refuses both given.
+    names = {f.name for cls in _dataclasses(ERLConfig) for f in fields(cls) if f.init}
+    names.discard("generation_batch_size")
+    recorded = {k: v for k, v in recorded_options(argv).items() if k in names}
     run, model, curriculum, args = parse_options(
         _dataclasses(ERLConfig),
         with_default_recipe(argv),
         PROG,
-        defaults={} if cuda_bf16() else {"bf16": False},
+        defaults=({} if cuda_bf16() else {"bf16": False}) | recorded,
         check=_check_precision,
         removed={name: why for name, (_, why) in REMOVED_OPTIONS.items()},
     )
@@ -439,4 +483,33 @@ def parse_run_config(argv: list[str]):
     for name in ("per_device_train_batch_size", "max_completion_length"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name} must be >= 1", getattr(args, name), "give a positive count")
+    named, recipe = named_options(argv)
+    if not options_for and recipe.get("method") == run.method:  # the recipe chose the method
+        named |= set(recipe)
+    check_options_read(args, named, options_for or (run.method,))
     return run, model, curriculum, args
+
+
+# ERLConfig's own options that another method reads too: SDPO's success threshold.
+ALSO_READ_BY = {"reward_threshold": ("sdpo",)}
+
+
+def check_options_read(args, named: set[str], methods: tuple[str, ...]) -> None:
+    """Refuse an option of ERLConfig's own (not its GRPOConfig's) in `named` that no method
+    of `methods` reads, which it would ignore: `--method grpo --memory_size 7`."""
+    from pipeline.erl.config import ERLConfig
+
+    base = ERLConfig.__bases__[0]  # the backend's GRPOConfig
+    own = {f.name for f in fields(ERLConfig)} - {f.name for f in fields(base)}
+    for name in sorted(named & own):
+        readers = ("erl", *ALSO_READ_BY.get(name, ()))
+        if not set(readers) & set(methods):
+            chosen = (
+                f"--method {methods[0]}" if len(methods) == 1 else f"--methods {','.join(methods)}"
+            )
+            raise UsageError(
+                f"--{name} is an option of {' and '.join(readers)} only, which {chosen} "
+                "would ignore",
+                getattr(args, name),
+                f"leave it out, or choose {' or '.join(readers)}",
+            )
