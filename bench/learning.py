@@ -89,8 +89,7 @@ PRESETS = {
     "hidden_rule": dict(
         # sdpo_pure (weight 1.0) left the report in issue 32: it was the weaker SDPO arm on
         # every rule of the last one (docs/log.md), and the CPU went to the new ERL arms.
-        methods="grpo,grpo_matched,erl,erl_paper,erl_shared,erl_per_group,erl_lessons,"
-        "erl_defaults,sdpo_mixed",
+        methods="grpo,grpo_matched,erl,erl_paper,erl_shared,erl_lessons,erl_defaults,sdpo_mixed",
         seeds=5,
         # Reported: a+b+5, a+b+1 and a*3+b. Not rule 1:0 (a+b+2), which the old warm-up
         # leaked and which is now the tuning rule of the sweep.
@@ -105,7 +104,7 @@ PRESETS = {
         steps=60,
         # Each arm's best rate from `python bench/learning.py --sweep 5e-5,2e-4,5e-4` (rule
         # 1:0, seeds 5, 6, on issue 32's warm-up; erl also at 1e-3; the table:
-        # docs/results.md). erl_per_group and erl_lessons take erl's (lr_from); sdpo_pure
+        # docs/results.md). erl_lessons takes erl's (lr_from); sdpo_pure
         # keeps its best from the sweep on the previous warm-up.
         lr="grpo=0.0002,grpo_matched=0.0002,erl=0.0005,erl_paper=0.0002,erl_shared=0.0002,"
         "erl_defaults=0.0002,sdpo_mixed=0.0002,sdpo_pure=1e-05",

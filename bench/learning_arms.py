@@ -12,7 +12,7 @@ data and its SFT config.
 A new arm is one line in `ARMS`, `ABLATIONS` or `VARIANTS`: the trainer, its options, and
 `lr_from`, the swept arm whose learning rate it takes until it is swept itself. What is
 still being tried and is no ERLConfig option reaches the trainer through its hooks: the
-memory's own options (`memory=`) and which failed attempts reflect (`select_reflecting=`).
+memory's own options (`memory=`).
 """
 
 from __future__ import annotations
@@ -79,10 +79,8 @@ class Arm:
     # for it), "rule" (the rule itself, the same for every row: a bound) or "" (none).
     context: str = ""
     lr_from: str = ""  # the swept arm whose learning rate this one takes (until swept itself)
-    # ERLTrainer's hooks: ReflectionMemory options beyond the config's (sorted pairs), and
-    # at most this many failed first attempts of a prompt's group reflect (0: all).
+    # ERLTrainer's `memory=` hook: ReflectionMemory options beyond the config's (sorted pairs).
     memory: tuple = ()
-    reflect_per_group: int = 0
     # The arm's own first attempts per prompt, at the same prompts per step (0: --generations,
     # or --matched_generations for a matched arm): ERL at the paper's budget runs 4.
     generations: int = 0
@@ -94,7 +92,6 @@ def arm(
     context: str = "",
     lr_from: str = "",
     memory: dict | None = None,
-    reflect_per_group: int = 0,
     generations: int = 0,
     **overrides,
 ) -> Arm:
@@ -106,24 +103,8 @@ def arm(
         context,
         lr_from,
         tuple(sorted((memory or {}).items())),
-        reflect_per_group,
         generations,
     )
-
-
-def first_per_group(count: int):
-    """A `select_reflecting` hook: the first `count` gated first attempts of each prompt's
-    group reflect, the others train as GRPO's rows only (`erl_per_group`)."""
-
-    def select(groups: list[str]) -> list[bool]:
-        seen: dict[str, int] = {}
-        keep = []
-        for key in groups:
-            seen[key] = seen.get(key, 0) + 1
-            keep.append(seen[key] <= count)
-        return keep
-
-    return select
 
 
 # The ERL arms' step as the bench has run it since issue 26: per-attempt reflection, with the
@@ -183,15 +164,15 @@ VARIANTS = {  # further arms: docs/log.md has what each measured
     ),
     "sdpo_rule": arm("sdpo", context="rule", distillation_weight=0.5, lr_from="sdpo_mixed", **SDPO),
 }
-# What the memory keeps and how many failed attempts reflect (issue 27), the two of its
-# options that did something on the fair bench (docs/results.md); through the trainer's
-# hooks. Each changes one thing against `erl`.
+# What the memory keeps and how many failed attempts reflect (issues 27 and 32), through
+# the trainer's `memory=` hook and ERLConfig.reflections_per_group. Each changes one thing
+# against `erl`. (erl_per_group, one failed attempt a group reflecting and retrying, left
+# with the select_reflecting= hook in issue 40; what it measured is in docs/results.md.)
 LESSON_ARMS = {
     # no degenerate entry; each entry's record of its readers ranks and evicts
     "erl_lessons": arm(memory=dict(lessons_only=True, confirmations=True), lr_from="erl"),
-    "erl_per_group": arm(reflect_per_group=1, lr_from="erl"),  # one failed attempt a group
     # One reflection per group that every failed attempt of the group retries with (issue
-    # 32), credited with its retries' mean; against erl_per_group's one retry per reflection.
+    # 32), credited with its retries' mean.
     "erl_shared": arm(reflections_per_group=1),
     # ERLTrainer at the product's defaults since issue 32, stated here (a test checks they
     # are the defaults): one reflection per group and the lessons-only memory with records.
@@ -675,9 +656,6 @@ def train_one(
             feedback_func=feedback_func,
             retry_advantages=recording_retry_advantages,
             memory=ReflectionMemory.from_config(args, **(PAPER_POLICY | dict(spec.memory))),
-            select_reflecting=first_per_group(spec.reflect_per_group)
-            if spec.reflect_per_group
-            else None,
             processing_class=tokenizer,
         )
     recorder = Recorder(

@@ -302,19 +302,19 @@ def report(results: dict[str, dict], settings: dict, opts, out: Path, title: str
     return verdict(arms, pooled)
 
 
-VARIANT_REFERENCES = ("erl", "erl_per_group")
-"""What each ERL variant is also paired against: `erl`, and `erl_per_group` (one reflection
-a group with one retry, against which `erl_shared` measures sharing the reflection)."""
+VARIANT_REFERENCES = ("erl", "erl_defaults")
+"""What each ERL variant is paired against: `erl` (the ERL paper's step), and `erl_defaults`
+(the product's defaults, which a variant must beat to replace them)."""
 
 
 def against_references(arms: list[str], pooled: dict[str, dict[str, list[float]]]) -> None:
-    """Every other ERLTrainer arm minus `erl` (and minus `erl_per_group`), paired by seed and
+    """Every other ERLTrainer arm minus `erl` (and minus `erl_defaults`), paired by seed and
     pooled over the rules: what decides whether an option becomes a default (issue 32:
     "no worse per step")."""
     variants = [a for a in arms if a not in BASELINES and not is_sdpo(a)]
     for ref in [r for r in VARIANT_REFERENCES if r in arms]:
         print(f"\nERL variants against {ref} (pooled, paired by seed, mean and 95% CI):")
-        # erl - erl_per_group would only negate erl_per_group - erl, printed above
+        # erl - erl_defaults would only negate erl_defaults - erl, printed above
         for arm in [a for a in variants if a != ref and (ref == "erl" or a != "erl")]:
             for measure in MEASURES:
                 _, ci = paired(pooled[measure][arm], pooled[measure][ref])

@@ -257,8 +257,9 @@ def test_a_removed_erl_option_is_one_line_on_the_command_line_in_a_recipe_and_on
     out = tmp_path / "out"
     line = refusal(capsys, run(run_argv("--reflect_per_group", "1")))
     assert line == (
-        "error: --reflect_per_group no longer exists (1): moved to a hook: "
-        "ERLTrainer(select_reflecting=...), e.g. first_per_group(n) in bench/learning_arms.py"
+        "error: --reflect_per_group no longer exists (1): removed: reflections_per_group "
+        "chooses who reflects (one reflection per group since issue 32; its bench arm "
+        "erl_per_group measured one retry per reflection, docs/log.md)"
     )
     old = tmp_path / "old.yaml"
     old.write_text(Path(TINY).read_text() + "\nmemory_min_gain: 0.5\n")

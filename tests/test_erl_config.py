@@ -87,14 +87,15 @@ def test_erl_config_keeps_at_most_15_options_of_its_own_the_seeds_among_them():
     assert seed <= own and len(own) <= 15, sorted(own)
 
 
-def test_select_reflecting_beside_reflections_per_group_is_refused():
-    """Both choose which gated attempts reflect: refused before any model is loaded."""
+def test_the_removed_select_reflecting_hook_names_what_chooses_instead():
+    """reflections_per_group is the one way to choose who reflects: the old hook is refused
+    before any model is loaded, naming it."""
     from pipeline import ERLTrainer
 
-    with pytest.raises(ValueError, match="select_reflecting= and reflections_per_group=2"):
+    with pytest.raises(TypeError, match="select_reflecting= hook was removed: ERLConfig.reflec"):
         ERLTrainer(
             model="not-loaded",
-            args=make(reflections_per_group=2),
+            args=make(reflections_per_group=0),
             reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
             select_reflecting=lambda groups: [True] * len(groups),
         )
@@ -103,7 +104,7 @@ def test_select_reflecting_beside_reflections_per_group_is_refused():
 @pytest.mark.parametrize(
     "name, value, says",
     [
-        ("reflect_per_group", 1, "moved to a hook: ERLTrainer(select_reflecting=...)"),
+        ("reflect_per_group", 1, "removed: reflections_per_group chooses who reflects"),
         ("memory_lessons_only", True, "ReflectionMemory.from_config(args, lessons_only=True)"),
         ("train_retries", False, "removed: it measured nothing"),
         ("memory_budget", 1.2, "renamed: use peak_memory_factor"),

@@ -19,17 +19,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pipeline.erl.interface import FirstAttempts, Generated, OneProcess
 from pipeline.erl.memory import ReflectionMemory
 from pipeline.erl.prompts import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
-from pipeline.erl.step import (
-    NO_FEEDBACK,
-    ERLStep,
-    FirstAttempts,
-    Generated,
-    OneProcess,
-    call_feedback,
-    retry_advantages,
-)
+from pipeline.erl.step import NO_FEEDBACK, ERLStep, call_feedback, retry_advantages
 
 STEP = Path(__file__).resolve().parents[1] / "pipeline" / "erl" / "step.py"
 
@@ -153,6 +146,7 @@ def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
         "erl/internalization_loss": pytest.approx(0.25 * 0.7),
         "erl/memory_size": 2.0,
         "erl/reflections": 3.0,
+        "erl/retries": 3.0,
         "erl/memory_stored": 1.0,
         "erl/memory_confirmed": 1.0,
     }
@@ -197,28 +191,6 @@ def test_unscorable_retries_carry_no_signal():
         result.metrics["erl/retry_success_rate"] == 0.0
         and "erl/internalization_loss" not in result.metrics
     )
-
-
-def test_the_select_reflecting_hook_chooses_which_gated_rows_reflect():
-    """The hook sees every gated row's group key in order and keeps, here, the first of
-    each group: "q" and "z" reflect once each; every row still counts as gated."""
-    seen = []
-
-    def first_of_each_group(groups):
-        seen.append(list(groups))
-        return [groups.index(key) == i for i, key in enumerate(groups)]
-
-    backend = Backend(solvable={"q"})
-    step = ERLStep(settings(), ReflectionMemory(5), select_reflecting=first_of_each_group)
-    result = step(backend, first_attempts(["q", "q", "z", "q"], torch.zeros(4)), step=1)
-    (reflections, _), (retries, _) = backend.generated
-    assert len(seen[0]) == 4 and len(set(seen[0])) == 2
-    assert [content(p).split("\n\n")[0] for p in retries] == ["q", "z"]
-    assert len(reflections) == 2 and step.tally["reflections"] == 2
-    assert result.metrics["erl/gated_fraction"] == 1.0
-    bad = ERLStep(settings(), ReflectionMemory(5), select_reflecting=lambda groups: [True])
-    with pytest.raises(ValueError, match="select_reflecting returned 1 flags for 2 gated rows"):
-        bad(Backend(), first_attempts(["q", "z"], torch.zeros(2)), step=1)
 
 
 class ThreadProcesses:
@@ -292,31 +264,6 @@ def test_two_processes_pad_to_the_global_count_credit_together_and_remember_alik
     # Both processes' successful reflections restate one lesson: one entry, confirmed twice.
     assert [(e.reflection, e.successes) for e in memories[0]] == [("Check q again.", 2)]
     assert [(e.reflection, e.successes) for e in memories[1]] == [("Check q again.", 2)]
-
-
-def test_select_reflecting_sees_a_group_across_processes_in_process_order():
-    """Prompt "q" has gated rows on both processes: the hook sees all three in process
-    order, so keeping the first of each group keeps process 0's first "q" and process 1's
-    "z" only."""
-    first = [first_attempts(["q", "q"], torch.zeros(2)), first_attempts(["q", "z"], torch.zeros(2))]
-    backends = [Backend(solvable={"q"}) for _ in range(2)]
-    seen = []
-
-    def first_of_each_group(groups):
-        seen.append(list(groups))
-        return [groups.index(key) == i for i, key in enumerate(groups)]
-
-    steps = [
-        ERLStep(settings(), ReflectionMemory(5), select_reflecting=first_of_each_group)
-        for _ in range(2)
-    ]
-    results = in_two_processes(steps, backends, first, step=1)
-    assert seen[0] == seen[1] and len(seen[0]) == 4  # every process asks about every row
-    retries = [backend.generated[1][0] for backend in backends]
-    assert [content(p).split("\n\n")[0] for p in retries[0]] == ["q"]  # its first "q"
-    assert [content(p).split("\n\n")[0] for p in retries[1]] == ["z"]  # "q" is taken
-    assert results[0].rows.valid[:1] == [True] and results[1].rows.valid[:1] == [True]
-    assert results[0].metrics["erl/reflections"] == 2.0
 
 
 class Scripted(Backend):
@@ -402,7 +349,8 @@ def test_one_reflection_per_group_serves_every_failed_attempt():
 
 def test_the_ith_failed_attempt_retries_with_reflection_i_mod_k():
     """k = 2, three failed attempts: attempts 0 and 1 reflect; attempts 0 and 2 retry with
-    reflection 0 and are credited together, attempt 1 with its own."""
+    reflection 0 and are credited together; attempt 1, reflection 1's only retry, is
+    credited as its reflection."""
     backend, calls = Scripted(outcomes=[1, 0, 0]), []
     step = ERLStep(settings(reflections_per_group=2), ReflectionMemory(5), recording(calls))
     result = step(backend, first_attempts(["q"] * 3, torch.tensor([0.0, 0.1, 0.2])), step=1)
@@ -417,16 +365,15 @@ def test_the_ith_failed_attempt_retries_with_reflection_i_mod_k():
     (groups, _, _, _), (_, r1_mean, r2_mean, _) = calls
     assert groups[0] == groups[2] != groups[1]
     assert r1_mean == pytest.approx([0.1, 0.1]) and r2_mean == pytest.approx([0.5, 0.0])
-    # Retries 0 and 2 normalised together, retry 1 alone (r2 - r1); the two reflections of
-    # the group normalised against each other.
+    # Retries 0 and 2 normalised together, retry 1 as its reflection; the two reflections
+    # of the group normalised against each other.
     std = torch.tensor([1.0, 0.0]).std().item()
-    assert result.rows.advantages[2:5] == pytest.approx(
-        [0.5 / (std + 1e-4), -0.1, -0.5 / (std + 1e-4)]
-    )
     spread = torch.tensor([0.5, 0.0]).std().item()
-    assert result.rows.advantages[:2] == pytest.approx(
-        [0.25 / (spread + 1e-4), -0.25 / (spread + 1e-4)]
+    reflection_1 = -0.25 / (spread + 1e-4)
+    assert result.rows.advantages[2:5] == pytest.approx(
+        [0.5 / (std + 1e-4), reflection_1, -0.5 / (std + 1e-4)]
     )
+    assert result.rows.advantages[:2] == pytest.approx([0.25 / (spread + 1e-4), reflection_1])
 
 
 def test_a_lone_failed_attempt_sharing_credits_both_rows_with_its_improvement():

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from trl.trainer.utils import pad
 
-from pipeline.erl.step import NewRows
+from pipeline.erl.interface import NewRows
 from pipeline.erl.upstream import importance_sampling_ratio
 
 # A (B,) bool tensor in merged batches: rows that carry no signal (filler to a multiple of

@@ -41,8 +41,9 @@ REMOVED_OPTIONS: dict[str, tuple[Any, str]] = {
     "reflection_advantage": ("retry", _NOTHING),
     "reflect_per_group": (
         0,
-        "moved to a hook: ERLTrainer(select_reflecting=...), e.g. first_per_group(n) in "
-        "bench/learning_arms.py",
+        "removed: reflections_per_group chooses who reflects (one reflection per group "
+        "since issue 32; its bench arm erl_per_group measured one retry per reflection, "
+        "docs/log.md)",
     ),
     "reuse_lessons": (False, _NOTHING),
     "memory_budget": (None, "renamed: use peak_memory_factor (the same meaning)"),
@@ -148,8 +149,9 @@ class ERLConfig(GRPOConfig):
             "help": "0: every gated first attempt writes its own reflection and retries with "
             "it. k >= 1: in each prompt's group (over every process) the first k gated "
             "attempts reflect, and every gated attempt retries, the i-th with the group's "
-            "reflection i mod k; retries are credited within their reflection, each "
-            "reflection by its retries' mean r2 against its attempts' mean r1 within the group."
+            "reflection i mod k. Each reflection is credited by its retries' mean r2 against "
+            "its attempts' mean r1 within the group; the retries of a reflection that serves "
+            "several among themselves, a reflection's only retry as its reflection."
         },
     )
 

@@ -3,18 +3,19 @@
 `ERLStep` takes the first attempts a base trainer generated and scored (`FirstAttempts`)
 and returns the rows ERL adds to its batch (`NewRows`), with the step's metrics:
 
-1. gate: rows whose reward r1 is below `reward_threshold` go on (NaN never does), those of
-   them a `select_reflecting` hook keeps (default: all);
-2. feedback: one string per reflecting first attempt (`feedback_func`, or a stock line);
-3. reflect: one generation per reflecting row from the reflection template, which shows the
-   stored reflections the `ReflectionMemory` picks for it (its scope and top-k). Every gated
-   row reflects, or with `reflections_per_group` k the first k of each prompt's group;
-4. retry: one generation per gated row from the retry template, with its own reflection
-   (or, sharing, its group's reflection i mod k); r2 is scored against the original row;
-5. credit: the advantage of each reflection and retry row (`retry_advantages`, a hook:
+1. gate: rows whose reward r1 is below `reward_threshold` go on (NaN never does);
+2. plan: who reflects, and whose reflection each retry reads (`reflections_per_group` k:
+   the first k gated attempts of each prompt's group reflect, and the i-th retries with the
+   group's reflection i mod k; 0: every gated attempt reflects and retries with its own);
+3. feedback: one string per reflecting first attempt (`feedback_func`, or a stock line);
+4. reflect: one generation per reflecting row from the reflection template, which shows the
+   stored reflections the `ReflectionMemory` picks for it (its scope and top-k);
+5. retry: one generation per gated row from the retry template, with the reflection the
+   plan gives it; r2 is scored against the original row;
+6. credit: the advantage of each reflection and retry row (`retry_advantages`, a hook:
    `ERLTrainer(retry_advantages=...)`), over every process's retries;
-6. remember: reflections a retry reached the threshold with enter the memory;
-7. internalize: (original prompt -> successful retry) rows, advantage `internalization_coef`.
+7. remember: reflections a retry reached the threshold with enter the memory;
+8. internalize: (original prompt -> successful retry) rows, advantage `internalization_coef`.
 
 Everything it needs from the trainer it runs in is the small `StepBackend` interface
 (generate, score, feedback, tokenize, gather), so a test drives it with plain functions
@@ -28,11 +29,19 @@ import json
 import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from pipeline.erl.interface import (
+    FirstAttempts,
+    Generated,
+    NewRows,
+    StepBackend,
+    StepResult,
+    StepSettings,
+)
 from pipeline.erl.memory import MemoryEntry, ReflectionMemory
 from pipeline.erl.prompts import (
     as_completion,
@@ -56,169 +65,8 @@ def reaches_threshold(reward: float, threshold: float) -> bool:
     return reward >= threshold - THRESHOLD_TOLERANCE * max(1.0, abs(threshold))
 
 
-# What goes in and what comes out ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FirstAttempts:
-    """This process's first attempts: dataset rows, prompts, completions as the reward
-    functions got them, their token ids, and r1 (the weighted reward, NaN: unscorable)."""
-
-    rows: list[dict]
-    prompts: list
-    completions: list
-    completion_ids: list[list[int]]
-    rewards: torch.Tensor
-
-
-@dataclass(frozen=True)
-class Generated:
-    """One sample per prompt: prompt and completion ids, the decoded completions, and the
-    sampler's per-token log-probs of each (None where the generator reports none)."""
-
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]
-    texts: list[str]
-    logprobs: list[list[float] | None]
-
-
-@dataclass
-class NewRows:
-    """Rows ERL adds to a generation batch (token ids as lists, one advantage each)."""
-
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]
-    advantages: list[float]
-    valid: list[bool]  # False: inert (count equalising or filler); pad-only completion
-    trainable: list[bool]  # False: kept but masked, as GRPO masks truncated completions
-    # Per-token log-probs the generator reported for each row (vLLM), else None.
-    sampling_logps: list[list[float] | None] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.sampling_logps:
-            self.sampling_logps = [None] * len(self.valid)
-
-    def extend(self, other: NewRows) -> None:
-        """Append `other`'s rows."""
-        self.prompt_ids += other.prompt_ids
-        self.completion_ids += other.completion_ids
-        self.advantages += other.advantages
-        self.valid += other.valid
-        self.trainable += other.trainable
-        self.sampling_logps += other.sampling_logps
-
-    def add_filler(self, count: int) -> None:
-        """Append `count` inert rows (they only round the row count up)."""
-        self.extend(
-            NewRows(
-                [self.prompt_ids[0]] * count,
-                [[]] * count,
-                [0.0] * count,
-                [False] * count,
-                [False] * count,
-            )
-        )
-
-
-@dataclass
-class StepResult:
-    """The rows to merge (None: no process gated a row) and the step's `erl/` metrics,
-    already reduced over processes."""
-
-    rows: NewRows | None
-    metrics: dict[str, float]
-
-
-# What the step needs from the trainer it runs in --------------------------------------
-
-
-class Processes(Protocol):
-    """The collectives of a run over `count` processes (this one is `index`)."""
-
-    count: int
-    index: int
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every process's `tensor`, concatenated along dim 0 in process order."""
-
-    def gather_object(self, items: list) -> list:
-        """Every process's `items`, concatenated in process order."""
-
-    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The elementwise sum of `tensor` over processes."""
-
-
-class OneProcess:
-    """`Processes` of a single process: every collective hands its input back."""
-
-    count, index = 1, 0
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-    def gather_object(self, items: list) -> list:
-        return list(items)
-
-    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-
-class StepBackend(Protocol):
-    """What the ERL step needs from a base trainer."""
-
-    processes: Processes
-
-    def generate(self, prompts: list, max_new_tokens: int) -> Generated:
-        """One sample per prompt (every process calls it with as many prompts)."""
-
-    def score(self, rows: list[dict], prompts: list, completions: list, completion_ids) -> Any:
-        """The weighted reward of each completion against its dataset row: a (n,) tensor,
-        NaN where no reward function could score it (every process scores as many rows)."""
-
-    def feedback(self, rows: list[dict], prompts: list, completions: list, completion_ids):
-        """One feedback string per completion (see `call_feedback`)."""
-
-    def tokenize(self, prompts: list) -> list[list[int]]:
-        """The token ids the trainer would feed the policy for each prompt."""
-
-    def trainable(self, completion_ids: list[list[int]]) -> list[bool]:
-        """Which completions the base trainer would train (it may mask truncated ones)."""
-
-    def mean_token_nll(self, prompt_ids, completion_ids) -> float | None:
-        """Mean negative log-likelihood per completion token under the policy (a metric;
-        None where the trainer's scorer reports none). Every process calls it together."""
-
-
-class StepSettings(Protocol):
-    """The `ERLConfig` options the step reads (the memory's are the memory's own)."""
-
-    reward_threshold: float
-    enable_internalization: bool
-    internalization_coef: float
-    scale_rewards: str
-    reflection_system_prompt: str
-    retry_system_prompt: str
-    reflection_max_completion_length: int | None
-    max_completion_length: int
-    reflections_per_group: int
-
-
 RetryAdvantages = Callable[[list[str], torch.Tensor, torch.Tensor, list[bool], bool], list[float]]
 """`(groups, r1, r2, valid, scale) -> advantages`, the signature of `retry_advantages`."""
-
-SelectReflecting = Callable[[list[str]], list[bool]]
-"""`(groups) -> keep`: given the group key of every gated first attempt (every process's, in
-process order), which of them reflect and retry; the others train as GRPO's rows only."""
-
-
-def refuse_select_with_sharing(select_reflecting, reflections_per_group: int) -> None:
-    """Both choose which gated first attempts reflect; which of them would win is a choice
-    nobody made, so the pair is refused (one line, naming both)."""
-    if select_reflecting is not None and reflections_per_group:
-        raise ValueError(
-            f"select_reflecting= and reflections_per_group={reflections_per_group} both choose "
-            "which gated first attempts reflect; set reflections_per_group=0 to use the hook"
-        )
 
 
 def retry_advantages(
@@ -312,20 +160,16 @@ class Gated:
 
 
 @dataclass(frozen=True)
-class Sharing:
+class Plan:
     """Which gated rows reflect, and which reflection each retry reads.
 
     A reflection's position numbers every process's reflections in process order, each
-    process's padded to the same count: process p's slot-th is p * count + slot. Without
-    `reflections_per_group` every gated row reflects and reads its own reflection."""
+    process's padded to the same count: process p's slot-th is p * count + slot."""
 
     reflecting: Gated  # this process's reflecting rows, padded to the global count
-    # Per retry (Gated row): its reflection's position; sharing, -1 for a filler retry.
-    source: list[int]
-    groups: list[str]  # per retry: what `retry_advantages` groups it with
-    # Per position: the reflection's prompt group key (None: a filler). None without sharing:
-    # then a reflection is credited with its own retry's advantage.
-    reflection_groups: list[str | None] | None
+    source: list[int]  # per retry (Gated row): its reflection's position; -1: a filler
+    groups: list[str]  # per retry: its reflection's id, which its retries are credited among
+    reflection_groups: list[str | None]  # per position: its prompt's group key (None: filler)
 
 
 @dataclass(frozen=True)
@@ -352,12 +196,10 @@ class ERLStep:
         settings: StepSettings,
         memory: ReflectionMemory,
         retry_advantages: RetryAdvantages = retry_advantages,
-        select_reflecting: SelectReflecting | None = None,
     ) -> None:
         self.settings = settings
         self.memory = memory
         self.retry_advantages = retry_advantages
-        self.select_reflecting = select_reflecting
         # Since this step object was made (a stage, or its resumed part): reflections written
         # and what the memory did with them (memory.py's outcomes).
         self.tally: Counter[str] = Counter()
@@ -371,7 +213,6 @@ class ERLStep:
             "erl/r1_mean": torch.nanmean(all_r1).item(),
             "erl/gated_fraction": _global_sum(processes, len(gated), all_r1) / all_r1.numel(),
         }
-        gated = self._select(processes, first, gated)
         counts = processes.gather(torch.tensor([len(gated)], device=all_r1.device))
         rows = None
         if counts.max().item() > 0:
@@ -383,10 +224,10 @@ class ERLStep:
         return StepResult(rows, metrics)
 
     def _experience(self, backend, first, gated, pad_to, step) -> tuple[NewRows, dict]:
-        """Phases 2-7 for the `gated` rows, padded to `pad_to`: the new rows and their metrics."""
+        """Phases 2-8 for the `gated` rows, padded to `pad_to`: the new rows and their metrics."""
         processes = backend.processes
         chosen = self._pad(first, gated, pad_to)
-        plan = self._share(processes, first, chosen, len(gated))
+        plan = self._plan(processes, first, chosen, len(gated))
         feedback = self._feedback(backend, first, plan.reflecting)
         shown = self._shown_per_row(processes, plan.reflecting, step)
         reflections = self._reflect(backend, first, plan.reflecting, feedback, shown)
@@ -408,28 +249,13 @@ class ERLStep:
         metrics = self._metrics(backend, plan, r2, scored, success, internalized, rows)
         return rows, metrics
 
-    # ---- Gate: r1 below the threshold (NaN never), then the `select_reflecting` hook.
+    # ---- Gate: r1 below the threshold (NaN never).
 
     def _gate(self, r1: torch.Tensor) -> list[int]:
         threshold = self.settings.reward_threshold
         return [
             i for i, r in enumerate(r1.tolist()) if r == r and not reaches_threshold(r, threshold)
         ]
-
-    def _select(self, processes, first: FirstAttempts, gated: list[int]) -> list[int]:
-        """The gated rows the `select_reflecting` hook keeps, asked about every process's
-        gated rows in process order (a prompt's group can span processes)."""
-        if self.select_reflecting is None:
-            return gated
-        keys = [_group_key(first.prompts[i]) for i in gated]
-        every = processes.gather_object([(processes.index, key) for key in keys])
-        keep = self.select_reflecting([key for _, key in every])
-        if len(keep) != len(every):
-            raise ValueError(
-                f"select_reflecting returned {len(keep)} flags for {len(every)} gated rows"
-            )
-        mine = [bool(k) for (index, _), k in zip(every, keep) if index == processes.index]
-        return [i for i, kept in zip(gated, mine) if kept]
 
     def _pad(self, first: FirstAttempts, gated: list[int], pad_to: int) -> Gated:
         index = gated + [gated[0] if gated else 0] * (pad_to - len(gated))
@@ -443,21 +269,16 @@ class ERLStep:
             first.rewards[index],
         )
 
-    # ---- Share: which gated rows reflect, and whose reflection each retry reads.
+    # ---- Plan: which gated rows reflect, and whose reflection each retry reads.
 
-    def _share(self, processes, first: FirstAttempts, chosen: Gated, count: int) -> Sharing:
-        """Without `reflections_per_group` each of the `count` gated rows (then `chosen`'s
-        fillers) reflects and reads its own reflection, credited within its prompt's group.
-
-        With k, over every process's gated rows in process order (a prompt's group can span
-        processes, as in `_select`): the first k of a group reflect and the i-th reads the
-        group's reflection i mod k, so a reflecting row reads its own. Each retry is credited
-        among the retries of its reflection. Every process computes the same assignment."""
+    def _plan(self, processes, first: FirstAttempts, chosen: Gated, count: int) -> Plan:
+        """Over every process's `count` gated rows in process order (a prompt's group can
+        span processes): with `reflections_per_group` k the first k of a group reflect and
+        the i-th retries with the group's reflection i mod k (so a reflecting row reads its
+        own); with 0 every gated row reflects and reads its own. `chosen`'s fillers reflect
+        as fillers and read none. Every process computes the same plan."""
         keys = [_group_key(p) for p in chosen.prompts]
         k = self.settings.reflections_per_group
-        if not k:
-            start = processes.index * len(keys)
-            return Sharing(chosen, [start + j for j in range(len(keys))], keys, None)
         every = processes.gather_object([(processes.index, key) for key in keys[:count]])
         ordinal: Counter[str] = Counter()
         slots: Counter[int] = Counter()  # reflections per process so far
@@ -466,7 +287,7 @@ class ERLStep:
         for process, key in every:
             number = ordinal[key]
             ordinal[key] += 1
-            if number < k:
+            if not k or number < k:
                 place[key, number] = (process, slots[process])
                 slots[process] += 1
             if process == processes.index:
@@ -475,24 +296,19 @@ class ERLStep:
         reflection_groups: list[str | None] = [None] * (processes.count * width)
         for (key, _), (process, slot) in place.items():
             reflection_groups[process * width + slot] = key
-        read = [place[key, number % k] for key, number in mine]
-        source = [process * width + slot for process, slot in read]
-        # The reflection's id names its prompt too, for a hook that wants it.
-        groups = [f"reflection {number % k} of {key}" for key, number in mine]
-        fillers = len(keys) - count  # inert: no reflection, credited with nothing
-        reflecting = [chosen.index[j] for j, (_, number) in enumerate(mine) if number < k]
-        return Sharing(
+        reads = [(key, number % k if k else number) for key, number in mine]
+        source = [process * width + slot for process, slot in (place[row] for row in reads)]
+        reflecting = [chosen.index[j] for j, row in enumerate(mine) if row == reads[j]]
+        return Plan(
             self._pad(first, reflecting, width),
-            source + [-1] * fillers,
-            groups + keys[count:],
+            source + [-1] * (len(keys) - count),
+            [f"reflection {number} of {key}" for key, number in reads] + keys[count:],
             reflection_groups,
         )
 
-    def _lessons_per_retry(self, processes, plan: Sharing, lessons: list[str]) -> list[str]:
-        """The reflection each retry reads: its own, or, sharing, its group's, which may have
-        been written on another process (a filler retry reads none)."""
-        if plan.reflection_groups is None:
-            return lessons
+    def _lessons_per_retry(self, processes, plan: Plan, lessons: list[str]) -> list[str]:
+        """The reflection each retry reads, which may have been written on another process
+        (a filler retry reads none)."""
         every = processes.gather_object(lessons)
         return [every[s] if s >= 0 else "" for s in plan.source]
 
@@ -559,14 +375,14 @@ class ERLStep:
         )
         return retries, r2
 
-    # ---- Credit: the retries of one prompt (sharing: of one reflection) as a group, over
-    # every process; sharing, the reflections of one prompt too.
+    # ---- Credit, over every process: the reflections of one prompt as a group, and the
+    # retries of one reflection.
 
-    def _every_retry(self, processes, plan: Sharing, chosen: Gated, r2, scored, success):
+    def _every_retry(self, processes, plan: Plan, chosen: Gated, r2, scored, success):
         """Every process's retries: GRPO's sampler gives each process a contiguous slice of
-        the generation batch, so one prompt's generations (and its retries, and with sharing
-        a reflection's retries) can live on several processes. Like GRPO for r1, gather them;
-        every process holds the same number of retries here (padded to the global maximum)."""
+        the generation batch, so one prompt's generations (and their reflections' retries)
+        can live on several processes. Like GRPO for r1, gather them; every process holds
+        the same number of retries here (padded to the global maximum)."""
         flags = torch.tensor(list(zip(scored, success)), device=r2.device, dtype=torch.long)
         pairs = processes.gather_object(list(zip(plan.groups, plan.source)))
         flags = processes.gather(flags).bool()
@@ -579,23 +395,34 @@ class ERLStep:
             flags[:, 1].tolist(),
         )
 
-    def _credit(self, processes, plan: Sharing, every: EveryRetry) -> tuple[list, list]:
-        """(reflection advantages, retry advantages) of this process's rows: `retry_advantages`
-        over every process's retries, in `plan.groups` (a prompt's; sharing, a reflection's),
-        sliced back to this process's. Without sharing a reflection gets its retry's."""
-        scale = self.settings.scale_rewards != "none"
-        advantages = self.retry_advantages(every.groups, every.r1, every.r2, every.scored, scale)
-        start = processes.index * len(plan.groups)
-        retries = list(advantages[start : start + len(plan.groups)])
-        if plan.reflection_groups is None:
-            return retries, retries
-        return self._reflection_credit(processes, plan, every, scale), retries
+    def _credit(self, processes, plan: Plan, every: EveryRetry) -> tuple[list, list]:
+        """(reflection advantages, retry advantages) of this process's rows.
 
-    def _reflection_credit(self, processes, plan: Sharing, every: EveryRetry, scale) -> list:
-        """Sharing: the same hook over every process's reflections, grouped by prompt, each a
-        row with r1 = the mean r1 of the attempts that retried with it and r2 = the mean r2
-        of its scored retries, so a reflection is judged by what its retries gained (one
-        with no scored retry carries nothing; a lone one in its group: mean r2 - mean r1)."""
+        A reflection is credited among its prompt's reflections (`_reflection_credit`). The
+        retries of a reflection that serves several are credited among themselves
+        (`retry_advantages` over every process's retries, grouped by reflection); a retry
+        that is its reflection's only one gets its reflection's advantage, so that with
+        `reflections_per_group` 0 a reflection and its retry are credited alike, within
+        their prompt's group, as in the ERL paper."""
+        scale = self.settings.scale_rewards != "none"
+        served = Counter(source for source in every.sources if source >= 0)
+        shared = None
+        if any(count > 1 for count in served.values()):
+            shared = self.retry_advantages(every.groups, every.r1, every.r2, every.scored, scale)
+        reflections = self._reflection_credit(plan, every, scale)
+        retries = [
+            shared[j] if served[source] > 1 else reflections[source] if source >= 0 else 0.0
+            for j, source in enumerate(every.sources)
+        ]
+        width, count = len(plan.reflecting.index), len(plan.groups)
+        mine = slice(processes.index * width, (processes.index + 1) * width)
+        return reflections[mine], retries[processes.index * count : (processes.index + 1) * count]
+
+    def _reflection_credit(self, plan: Plan, every: EveryRetry, scale) -> list[float]:
+        """The hook over every process's reflections, grouped by prompt, each a row with r1 =
+        the mean r1 of the attempts that retried with it and r2 = the mean r2 of its scored
+        retries, so a reflection is judged by what its retries gained (one with no scored
+        retry carries nothing; a lone one in its group: mean r2 - mean r1)."""
         r1s: dict[int, list[float]] = defaultdict(list)
         r2s: dict[int, list[float]] = defaultdict(list)
         for source, r1, r2, ok in zip(
@@ -606,19 +433,22 @@ class ERLStep:
                 if ok:
                     r2s[source].append(r2)
         positions = range(len(plan.reflection_groups))
-        advantages = self.retry_advantages(
-            [group or "" for group in plan.reflection_groups],
-            _means([r1s[p] for p in positions], every.r1),
-            _means([r2s[p] for p in positions], every.r1),
-            [group is not None and bool(r2s[p]) for p, group in enumerate(plan.reflection_groups)],
-            scale,
+        return list(
+            self.retry_advantages(
+                [group or "" for group in plan.reflection_groups],
+                _means([r1s[p] for p in positions], every.r1),
+                _means([r2s[p] for p in positions], every.r1),
+                [
+                    group is not None and bool(r2s[p])
+                    for p, group in enumerate(plan.reflection_groups)
+                ],
+                scale,
+            )
         )
-        width = len(plan.reflecting.index)
-        return list(advantages[processes.index * width : (processes.index + 1) * width])
 
     # ---- Remember: every process applies the same records and offers in the same order.
 
-    def _remember(self, processes, plan: Sharing, lessons, shown, every, step: int) -> None:
+    def _remember(self, processes, plan: Plan, lessons, shown, every, step: int) -> None:
         """Apply every process's records (which entries a reflection read, and whether a retry
         with it succeeded), then offer the reflections a retry succeeded with, once each, in
         process order everywhere."""
@@ -685,8 +515,8 @@ class ERLStep:
     # ---- Metrics over every process.
 
     def _metrics(self, backend, plan, r2, valid, success, internalized, rows) -> dict[str, float]:
-        """The retries' `erl/` metrics over every process, and the stage's tally (sharing, a
-        reflection serves several retries, so `erl/retries` counts the scored ones apart)."""
+        """The retries' `erl/` metrics over every process, and the stage's tally (a reflection
+        may serve several retries, so `erl/retries` counts the scored ones apart)."""
         processes = backend.processes
         mask = torch.tensor(valid, device=r2.device) & ~torch.isnan(r2)
         stats = torch.tensor(
@@ -706,8 +536,7 @@ class ERLStep:
             "erl/internalization_rows": total_internalized,
             "erl/reflections": written,
         }
-        if plan.reflection_groups is not None:
-            metrics["erl/retries"] = gated
+        metrics["erl/retries"] = gated
         if total_internalized:
             metrics["erl/internalization_loss"] = self._internalization_loss(
                 backend, rows, internalized, r2.device

@@ -49,17 +49,14 @@ from pipeline.erl.batch import (  # noqa: E402
 )
 from pipeline.erl.budget import MemoryModel, StepBudget  # noqa: E402
 from pipeline.erl.config import ERLConfig  # noqa: E402
+from pipeline.erl.interface import FirstAttempts, Generated  # noqa: E402
 from pipeline.erl.loss import chunk_entropy_mask, merged_chunk_loss  # noqa: E402
 from pipeline.erl.memory import ReflectionMemory  # noqa: E402
 from pipeline.erl.micro_batches import reference_tokens, split_plan  # noqa: E402
 from pipeline.erl.step import (  # noqa: E402
     ERLStep,
-    FirstAttempts,
-    Generated,
     RetryAdvantages,
-    SelectReflecting,
     call_feedback,
-    refuse_select_with_sharing,
     retry_advantages,
 )
 from pipeline.erl.upstream import (  # noqa: E402
@@ -96,10 +93,8 @@ class ERLTrainer(GRPOTrainer):
     `ReflectionMemory` to read and fill (default `ReflectionMemory.from_config(args)`; one
     of your own must share the config's size, scope and top-k);
     `retry_advantages(groups, r1, r2, valid, scale) -> list[float]`, how reflection and
-    retry rows are credited (default `pipeline.erl.step.retry_advantages`);
-    `select_reflecting(groups) -> list[bool]`, which gated first attempts reflect (default:
-    all; `pipeline.erl.step.SelectReflecting`), refused beside `reflections_per_group`, which
-    chooses them too.
+    retry rows are credited (default `pipeline.erl.step.retry_advantages`). Who reflects,
+    and whose reflection each retry reads, is `args.reflections_per_group`.
     """
 
     _tag_names = ["trl", "grpo", "erl"]
@@ -113,7 +108,6 @@ class ERLTrainer(GRPOTrainer):
         feedback_func: FeedbackFunc | None = None,
         memory: ReflectionMemory | None = None,
         retry_advantages: RetryAdvantages = retry_advantages,
-        select_reflecting: SelectReflecting | None = None,
         **kwargs: Any,
     ) -> None:
         check_trainer_base(ERLTrainer.__bases__[0])
@@ -121,7 +115,6 @@ class ERLTrainer(GRPOTrainer):
             name = model if isinstance(model, str) else model.config._name_or_path
             args = ERLConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-ERL")
         _refuse_unsupported(model, args, feedback_func, memory, kwargs)
-        refuse_select_with_sharing(select_reflecting, args.reflections_per_group)
         if not isinstance(model, str):
             add_mode_switches(model)  # before the base's __init__, which reads the precision mark
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
@@ -140,7 +133,7 @@ class ERLTrainer(GRPOTrainer):
         add_mode_switches(self.model)
         self.feedback_func = feedback_func
         self.memory = memory if memory is not None else ReflectionMemory.from_config(args)
-        self.erl_step = ERLStep(args, self.memory, retry_advantages, select_reflecting)
+        self.erl_step = ERLStep(args, self.memory, retry_advantages)
         self.budget = StepBudget(
             args.peak_memory_factor,
             MemoryModel.of(
@@ -338,7 +331,7 @@ class ERLTrainer(GRPOTrainer):
 
 
 class _Processes:
-    """The ERL step's collectives (`pipeline.erl.step.Processes`) over the accelerator."""
+    """The ERL step's collectives (`pipeline.erl.interface.Processes`) over the accelerator."""
 
     def __init__(self, accelerator) -> None:
         self.accelerator = accelerator
@@ -355,7 +348,7 @@ class _Processes:
 
 
 class _Backend:
-    """The ERL step's interface (`pipeline.erl.step.StepBackend`) over an ERLTrainer."""
+    """The ERL step's interface (`pipeline.erl.interface.StepBackend`) over an ERLTrainer."""
 
     def __init__(self, trainer: ERLTrainer) -> None:
         self.trainer = trainer
@@ -426,6 +419,11 @@ def _refuse_unsupported(model, args, feedback_func, memory, kwargs: dict) -> Non
         raise ValueError(
             f"memory= disagrees with args on {disagreement}: build it with "
             "ReflectionMemory.from_config(args, ...) or set the same options in ERLConfig"
+        )
+    if "select_reflecting" in kwargs:
+        raise TypeError(
+            "ERLTrainer's select_reflecting= hook was removed: ERLConfig.reflections_per_group "
+            "chooses which gated first attempts reflect"
         )
     for unsupported in ("tools", "rollout_func", "environment_factory"):
         if kwargs.get(unsupported) is not None:
