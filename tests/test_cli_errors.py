@@ -350,6 +350,7 @@ def test_a_recipe_that_chooses_grpo_and_an_option_only_erl_reads_is_one_line(
     [
         ("run", ["--output_dir", "FILE"], "--output_dir"),
         ("run", ["--output_dir", "FILE/sub", "--resume", "true"], "--output_dir"),
+        ("compare", ["--output_dir", "FILE"], "--output_dir"),
         ("reward_model", ["--output_dir", "FILE"], "--output_dir"),
         ("evaluate", ["--output_json", "FOLDER"], "--output_json"),
         ("collect", ["--output", "FOLDER"], "--output"),
@@ -360,6 +361,8 @@ def test_an_output_that_cannot_be_written_there_is_one_line(
 ):
     """An output folder that is a file (or inside one), an output file that is a folder:
     refused before the lock or anything else touches the disk."""
+    from pipeline.compare.cli import main as compare
+
     (tmp_path / "FILE").write_text("not a folder\n")
     pairs = tmp_path / "FOLDER" / "pairs.jsonl"
     pairs.parent.mkdir()
@@ -370,6 +373,7 @@ def test_an_output_that_cannot_be_written_there_is_one_line(
     task = ["--task", "arithmetic", "--level", "1"]
     main, argv = {
         "run": (run, ["--config", TINY, *model]),
+        "compare": (compare, ["--config", TINY, *model]),
         "reward_model": (reward_model, ["--pairs", str(pairs), *model]),
         "evaluate": (evaluate, [*model, *task]),
         "collect": (collect, [*model, *task]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from test_run import TINY_RECIPE
@@ -24,23 +25,53 @@ FAST = [
 
 def compare_args(tiny_model_dir, folder, *extra):
     return ["--config", TINY_RECIPE, "--model_name_or_path", tiny_model_dir, *FAST,
-            "--compare_dir", str(folder), *extra]  # fmt: skip
+            "--output_dir", str(folder), *extra]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "extra, message",
     [
         (["--methods", "grpo"], "error: --methods: give at least two different methods (grpo)"),
-        (["--methods", "grpo,ppo"], "--methods: give at least two different methods (grpo,ppo)"),
+        (
+            ["--methods", "grpo,ppo"],
+            "error: --methods: unknown method (ppo): choose among erl, grpo, sdpo",
+        ),
+        (["--methods", "grpo,grpo"], "--methods: give at least two different methods (grpo,grpo)"),
         (["--seeds", "1"], "--seeds must be >= 2 for an interval (1)"),
         (["--budget_unit", "tokens"], "--budget_unit tokens needs a --budget"),
         (["--learning_rates", "grpo=fast"], "--learning_rates: each item is METHOD=RATE"),
         (["--learning_rates", "sdpo=1e-4"], "for a compared method (sdpo=1e-4)"),
-        (["--method", "erl"], "--method is set by python -m pipeline.compare for each run (erl)"),
+        (
+            ["--method", "erl"],
+            "error: --method is set by python -m pipeline.compare for each run (erl): leave it "
+            "out (--methods gives each run its method)",
+        ),
+        (
+            ["--resume", "true"],
+            "error: --resume is set by python -m pipeline.compare for each run (true): leave it "
+            "out (a second call reads the finished runs back and trains the others again)",
+        ),
+        (
+            ["--num_stages", "2"],
+            "error: --num_stages is set by python -m pipeline.compare for each run (2): leave it "
+            "out (--budget_scope first_stage trains each run's first stage only; --budget_scope "
+            "curriculum trains the recipe's stages)",
+        ),
+        (
+            ["--budget", "4", "--max_stage_steps", "9"],
+            "error: --max_stage_steps is set by python -m pipeline.compare for each run (9): "
+            "leave it out (--budget is each run's max_stage_steps in its one stage)",
+        ),
+        (
+            ["--compare_dir", "elsewhere"],
+            "error: --compare_dir no longer exists (elsewhere): give --output_dir instead: the "
+            "comparison is written where it says (without it, in <the recipe's "
+            "output_dir>-compare)",
+        ),
         (
             ["--methods", "grpo,sdpo", "--memory_size", "7"],
-            "error: --memory_size is an option of "
-            "erl only, which --methods grpo,sdpo would ignore (7): leave it out, or choose erl",
+            "error: --memory_size is an option of erl only, which --methods grpo,sdpo would "
+            "ignore (7): leave it out, or choose erl",
         ),
         (["--learning_rate", "-1"], "--learning_rate must be a finite number > 0"),
         (["--task", "chess"], "unknown task (chess)"),
@@ -54,6 +85,27 @@ def test_bad_options_are_refused_in_one_line_before_anything_is_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert not folder.exists()
+
+
+def test_without_output_dir_it_writes_beside_the_recipes_run_folder(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """The recipe's output_dir names a run's folder: without --output_dir on the command line
+    the comparison goes to <that>-compare, the shared warm-up first (stopped here)."""
+    import pipeline.compare.runs
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(Path(TINY_RECIPE).read_text().replace("runs/tiny", str(tmp_path / "x")))
+    warmups = []
+
+    def stop(user_argv, folder, options_for):
+        warmups.append(folder)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.compare.runs, "ensure_warmup", stop)
+    with pytest.raises(KeyboardInterrupt):
+        main(["--config", str(recipe), "--model_name_or_path", tiny_model_dir, *FAST])
+    assert warmups == [tmp_path / "x-compare" / "runs" / "warmup"]
 
 
 def figures_printed(text: str) -> list[str]:
@@ -78,7 +130,9 @@ def test_a_comparison_reports_writes_and_reads_its_runs_back(
     names = methods.split(",")
     # One warm-up for every run: each run starts from its final/ (and keeps it as warmup/).
     assert first.out.count("SFT warm-up") + first.err.count("SFT warm-up") <= 1
-    assert (folder / "warmup" / "final").exists()
+    # --output_dir holds the figures and one folder of runs, the shared warm-up's too.
+    assert sorted(p.name for p in folder.iterdir()) == ["comparison.json", "comparison.png", "runs"]
+    assert (folder / "runs" / "warmup" / "final").exists()
     result = json.loads((folder / "comparison.json").read_text())
     runs = result["runs"]
     assert sorted((r["method"], r["seed"]) for r in runs) == sorted(
@@ -120,7 +174,7 @@ def test_a_comparison_reports_writes_and_reads_its_runs_back(
     changed = [*argv, "--learning_rates", f"{names[0]}=0.01"]
     assert main(changed) == 2
     err = capsys.readouterr().err.strip()
-    assert "was trained with other options" in err and "learning_rate: 0.0005 -> 0.01" in err
+    assert "--output_dir: the finished run" in err and "learning_rate: 0.0005 -> 0.01" in err
 
 
 def test_a_token_budget_stops_runs_and_a_failing_run_is_reported(

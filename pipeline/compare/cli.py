@@ -48,7 +48,7 @@ def compare(argv: list[str]) -> int:
     own, user_argv = split_argv(argv)
     check_policy_path_early(user_argv)  # a typo in a local path is named in a second
     backend = choose_backend(user_argv)
-    config = parse_compare_options(own)
+    config = parse_compare_options(own, user_argv)
     methods = tuple(config.method_list())
     _one_thread_on_a_cpu()
     run, _, curriculum, args = parse_run_config(user_argv, options_for=methods)
@@ -62,9 +62,10 @@ def compare(argv: list[str]) -> int:
         read_record,
         run_argv,
         train_run,
+        warmup_folder,
     )
     from pipeline.evaluate.run_folder import stage_eval_weights
-    from pipeline.options import check_task
+    from pipeline.options import check_output_path, check_task, named_options
     from pipeline.run.checks import check_levels
     from pipeline.run.distributed import launched_processes
 
@@ -79,7 +80,10 @@ def compare(argv: list[str]) -> int:
         )
     task = check_task(run.task, run.task_config)
     level = check_levels(curriculum, task).level  # the first stage's: the held-out prompts'
-    root = Path(config.compare_dir or f"{str(args.output_dir).rstrip('/')}-compare")
+    # Where --output_dir says; a recipe's output_dir names a run's folder, not this one's.
+    given = "output_dir" in named_options(user_argv)[0]
+    root = Path(args.output_dir if given else f"{str(args.output_dir).rstrip('/')}-compare")
+    check_output_path(root, "--output_dir")
     specs = plan_runs(config, args.seed, args.learning_rate, root)
 
     # ---- Every run's options, checked before anything is written; a finished run is read
@@ -113,7 +117,7 @@ def compare(argv: list[str]) -> int:
                 records[spec] = finished[spec]
                 bar.update(1)
                 continue
-            start = start or ensure_warmup(user_argv, root / "warmup", methods)
+            start = start or ensure_warmup(user_argv, warmup_folder(root), methods)
             recorder = Recorder(
                 budget=config.budget if config.budget_unit != "steps" or config.budget else None,
                 unit=config.budget_unit,
@@ -156,7 +160,7 @@ def compare(argv: list[str]) -> int:
         "eval_every": config.eval_every,
         "held_out": {"task": task.name, "level": level, "prompts": run.eval_prompts},
         "start_success": next(iter(ran.values()))[0]["evals"][0]["success"],
-        "compare_dir": str(root),
+        "output_dir": str(root),
     }
     report.print_report(result, described, failed)
     report.write_json(root / "comparison.json", result, described, list(records.values()))
@@ -202,9 +206,9 @@ def _check_read_back(spec, record: dict, settings: dict, options: dict) -> None:
     )  # fmt: skip
     if changes:
         raise UsageError(
-            f"--compare_dir: the finished run {spec.folder} was trained with other options",
+            f"--output_dir: the finished run {spec.folder} was trained with other options",
             changes,
-            "give another --compare_dir, or delete that run's folder to train it again",
+            "give another --output_dir, or delete that run's folder to train it again",
         )
 
 

@@ -19,8 +19,11 @@ from pipeline.run.config import METHODS, check_learning_rate
 PROG = "python -m pipeline.compare"
 BUDGET_UNITS = ("steps", "tokens", "seconds")
 BUDGET_SCOPES = ("first_stage", "curriculum")
-# Options of the run that the comparison sets for each run itself.
-RUN_OPTIONS_IT_SETS = ("method", "resume", "num_stages")
+# Its options that are gone, and what to give instead (the refusal's last part).
+REMOVED_OPTIONS = {
+    "compare_dir": "give --output_dir instead: the comparison is written where it says "
+    "(without it, in <the recipe's output_dir>-compare)",
+}
 
 
 @dataclass
@@ -68,19 +71,16 @@ class CompareConfig:
         default=10,
         metadata={"help": "Steps between held-out evaluations (and one at the start and end)."},
     )
-    compare_dir: str = field(
-        default="",
-        metadata={
-            "help": "Where the comparison is written (default: <output_dir>-compare); a second "
-            "call reads its finished runs back."
-        },
-    )
 
     def validate(self) -> None:
         """Reject bad values, naming them."""
         methods = self.method_list()
         unknown = [m for m in methods if m not in METHODS]
-        if unknown or len(set(methods)) != len(methods) or len(methods) < 2:
+        if unknown:
+            raise UsageError(
+                "--methods: unknown method", ",".join(unknown), f"choose among {', '.join(METHODS)}"
+            )
+        if len(set(methods)) != len(methods) or len(methods) < 2:
             raise UsageError(
                 "--methods: give at least two different methods", self.methods,
                 f"choose among {', '.join(METHODS)}, e.g. grpo,erl,sdpo",
@@ -137,18 +137,22 @@ def compare_parser():
         (CompareConfig,),
         PROG,
         usage=f"{PROG} --config RECIPE.yaml --methods grpo,erl[,sdpo] [--seeds N] "
-        "[--option VALUE ...]",
+        "[--output_dir DIR] [--option VALUE ...]",
         description="Which method learns a task fastest: every method x seed from one shared "
         "warm-up, held-out first attempts at equal steps and equal generated tokens, 95% "
-        f"intervals. Every option of `python -m pipeline.run` ({', '.join(RUN_OPTIONS_IT_SETS)} "
-        "aside) goes to every run.",
+        "intervals. Every option of `python -m pipeline.run` goes to every run, but for those "
+        "the comparison sets itself (method, resume, and with --budget_scope first_stage "
+        "num_stages and a step budget's max_stage_steps). It writes comparison.json, "
+        "comparison.png and the runs (runs/) into --output_dir when the command line gives "
+        "it, else into <the recipe's output_dir>-compare; a second call reads its finished "
+        "runs back.",
     )
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the comparison's own options, the command line every run gets), taken apart as
-    text (nothing imported yet); a run option the comparison sets is refused."""
-    names = {f"--{f.name}" for f in fields(CompareConfig)}
+    text (nothing imported yet)."""
+    names = {f"--{f.name}" for f in fields(CompareConfig)} | {f"--{n}" for n in REMOVED_OPTIONS}
     names |= {name.replace("_", "-") for name in names}  # HfArgumentParser's other spelling
     own, rest, i = [], [], 0
     while i < len(argv):
@@ -160,20 +164,36 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
             target.append(argv[i + 1])
             i += 1
         i += 1
-    for option in RUN_OPTIONS_IT_SETS:  # on the command line (a recipe's value is replaced)
-        given = [i for i, a in enumerate(rest) if a.split("=", 1)[0] == f"--{option}"]
-        if given:
-            i = given[0]
-            value = rest[i].split("=", 1)[1] if "=" in rest[i] else " ".join(rest[i + 1 : i + 2])
-            raise UsageError(
-                f"--{option} is set by {PROG} for each run", value,
-                "leave it out (--methods chooses the methods)",
-            )  # fmt: skip
     return own, rest
 
 
-def parse_compare_options(own: list[str]) -> CompareConfig:
-    """CompareConfig from the comparison's own options (`split_argv`), checked."""
-    (config,) = parse_options((CompareConfig,), own, PROG)
+def parse_compare_options(own: list[str], user_argv: list[str]) -> CompareConfig:
+    """CompareConfig from the comparison's own options (`split_argv`), checked, and a run
+    option of `user_argv` that the comparison sets itself refused, with why."""
+    (config,) = parse_options((CompareConfig,), own, PROG, removed=REMOVED_OPTIONS)
     config.validate()
+    for option, why in _run_options_it_sets(config).items():
+        given = [i for i, a in enumerate(user_argv) if a.split("=", 1)[0] == f"--{option}"]
+        if given:  # on the command line (a recipe's value is replaced)
+            i, arg = given[0], user_argv[given[0]]
+            value = arg.split("=", 1)[1] if "=" in arg else " ".join(user_argv[i + 1 : i + 2])
+            raise UsageError(
+                f"--{option} is set by {PROG} for each run", value, f"leave it out ({why})"
+            )
     return config
+
+
+def _run_options_it_sets(config: CompareConfig) -> dict[str, str]:
+    """The run options the comparison sets for each run (`runs.run_argv`), with why."""
+    sets = {
+        "method": "--methods gives each run its method",
+        "resume": "a second call reads the finished runs back and trains the others again",
+    }
+    if config.budget_scope == "first_stage":
+        sets["num_stages"] = (
+            "--budget_scope first_stage trains each run's first stage only; --budget_scope "
+            "curriculum trains the recipe's stages"
+        )
+        if config.budget_unit == "steps" and config.budget:
+            sets["max_stage_steps"] = "--budget is each run's max_stage_steps in its one stage"
+    return sets

@@ -5,11 +5,14 @@ trl or transformers. Written by scripts/write_cli_help.py from the parsers: do n
 LIBRARIES = {"transformers": "5.17.0", "trl": "1.15.0"}
 TEXTS = {
     "python -m pipeline.compare": (
-        "usage: python -m pipeline.compare --config RECIPE.yaml --methods grpo,erl[,sdpo] [--seeds N] [--option VALUE ...]\n"
+        "usage: python -m pipeline.compare --config RECIPE.yaml --methods grpo,erl[,sdpo] [--seeds N] [--output_dir DIR] [--option VALUE ...]\n"
         "\n"
         "Which method learns a task fastest: every method x seed from one shared warm-up, held-out first\n"
         "attempts at equal steps and equal generated tokens, 95% intervals. Every option of `python -m\n"
-        "pipeline.run` (method, resume, num_stages aside) goes to every run.\n"
+        "pipeline.run` goes to every run, but for those the comparison sets itself (method, resume, and with\n"
+        "--budget_scope first_stage num_stages and a step budget's max_stage_steps). It writes\n"
+        "comparison.json, comparison.png and the runs (runs/) into --output_dir when the command line gives\n"
+        "it, else into <the recipe's output_dir>-compare; a second call reads its finished runs back.\n"
         "\n"
         "options:\n"
         "  -h, --help            show this help message and exit\n"
@@ -33,9 +36,6 @@ TEXTS = {
         "  --eval_every EVAL_EVERY, --eval-every EVAL_EVERY\n"
         "                        Steps between held-out evaluations (and one at the start and end). (default:\n"
         "                        10)\n"
-        "  --compare_dir COMPARE_DIR, --compare-dir COMPARE_DIR\n"
-        "                        Where the comparison is written (default: <output_dir>-compare); a second\n"
-        "                        call reads its finished runs back. (default: )\n"
         "  --config RECIPE.yaml  YAML recipe of option: value lines; options given after it override it.\n"
         "\n"
         "Every option can also be set in the --config recipe. Booleans take true or false. A bad option is\n"

@@ -1,12 +1,14 @@
 """The runs of a comparison: one shared warm-up, then every method x seed as a curriculum
 run (`pipeline.run`) in its own folder, recorded step by step.
 
-    <compare_dir>/warmup/                 the recipe's warm-up, run once (its final/ is every
+    <output_dir>/runs/warmup/             the recipe's warm-up, run once (its final/ is every
                                           run's starting checkpoint)
-    <compare_dir>/runs/<method>-seed<s>/  a run's output folder (docs/run.md), plus
+    <output_dir>/runs/<method>-seed<s>/   a run's output folder (docs/run.md), plus
         record.json                       what the comparison reads back, written last: per
                                           step tokens, seconds and r1; the held-out
                                           evaluations; the first promotion
+
+(beside `runs/`, pipeline.compare.cli writes comparison.json and comparison.png)
 
 A run with a record.json is finished and read back; a folder without one is an
 interrupted run, trained again from the start. The warm-up and every run are `run_argv`
@@ -29,6 +31,7 @@ from curriculum.atomic import atomic_write_json
 from pipeline.layout import RunLayout
 from pipeline.options import UsageError
 
+RUNS_DIR = "runs"
 RECORD_FILE = "record.json"
 RECORD_SCHEMA = 1
 """Part of every record: a change to what a record holds makes the old ones unfinished."""
@@ -52,7 +55,7 @@ def plan_runs(config, base_seed: int, base_rate: float, root: Path) -> list[RunS
     """Every method x seed, seed by seed (so that an interrupted comparison has pairs)."""
     rates = config.rates()
     return [
-        RunSpec(m, base_seed + i, rates.get(m, base_rate), root / "runs" / f"{m}-seed{i}")
+        RunSpec(m, base_seed + i, rates.get(m, base_rate), root / RUNS_DIR / f"{m}-seed{i}")
         for i in range(config.seeds)
         for m in config.method_list()
     ]
@@ -81,6 +84,11 @@ def run_argv(user_argv: list[str], spec: RunSpec, config) -> list[str]:
         if config.budget_unit == "steps" and config.budget:
             argv += ["--max_stage_steps", str(int(config.budget))]
     return argv
+
+
+def warmup_folder(root: Path) -> Path:
+    """The shared warm-up's run folder, beside the runs."""
+    return root / RUNS_DIR / "warmup"
 
 
 def warmup_argv(user_argv: list[str], folder: Path) -> list[str]:

@@ -254,7 +254,7 @@ def _refuse_removed(recipe: Mapping[str, Any], argv: Sequence[str], removed: Map
         if key in removed:
             raise UsageError(f"--config: option {key} no longer exists", value, removed[key])
     for i, arg in enumerate(argv):
-        name = arg.removeprefix("--").split("=", 1)[0]
+        name = arg.removeprefix("--").split("=", 1)[0].replace("-", "_")
         if arg.startswith("--") and name in removed:
             value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1 : i + 2] or [""])[0]
             raise UsageError(f"--{name} no longer exists", value, removed[name])
