@@ -6,7 +6,8 @@
 
 Trains GRPOTrainer, ERLTrainer with the gate closed (threshold below every reward) and
 ERLTrainer with every row gated, on the offline tiny model with the same data and seed, in
-interleaved rounds, and prints one `name: value` line per figure (medians over all rounds):
+interleaved rounds, on one torch thread, and prints one `name: value` line per figure
+(medians over all rounds):
 
     gate_closed_step_ratio   median step time, ERL (gate closed) / GRPO   (target <= 1.05)
     all_gated_step_ratio     median step time, ERL (every row gated) / GRPO
@@ -19,8 +20,16 @@ interleaved rounds, and prints one `name: value` line per figure (medians over a
                              the processed tokens)
     generate_calls_per_step  generate calls of a step, GRPO's and the all-gated ERL's
     erl_overhead_share       share of an all-gated ERL step spent outside generation and
-                             forward/backward (scoring, feedback, templating, merging)
-                             (target <= 0.05)
+                             forward/backward (target <= 0.05), and each part of it:
+                             [memory] the reflection memory (what it shows, records, admits),
+                             [scoring] the retries' rewards and the feedback, [tokenizing]
+                             chat templates and tokenizing of every prompt (GRPO's and
+                             ERL's), [merging] ERL's rows into GRPO's batch, [rest] the
+                             rest (GRPO's own scoring, ERL's templates and bookkeeping).
+                             No retry succeeds here (rewards <= 1 < 2.0), so the memory is
+                             never written: [memory_full, SCOPE] is what one step's calls
+                             cost a full memory (memory_size entries, the default policy:
+                             lessons only, confirmations) per memory scope
     peak_memory_ratio        peak memory of a training step above what is live at its
                              start (weights, gradients, optimizer state), ERL (all gated) /
                              GRPO, largest step of separate --memory_steps runs (CUDA: the
@@ -44,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -71,6 +81,7 @@ from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig, ERLTrainer, build_tiny_model  # noqa: E402
 from pipeline.erl.batch import INERT_KEY  # noqa: E402
 from pipeline.erl.budget import CALIBRATION_CHUNKS, peak_meter  # noqa: E402
+from pipeline.erl.memory import MEMORY_SCOPES, ReflectionMemory  # noqa: E402
 from pipeline.models.loading import ModelConfig, add_mode_switches, load_policy  # noqa: E402
 from pipeline.models.quantization import undo_qlora_bf16_cast  # noqa: E402
 
@@ -84,23 +95,51 @@ def feedback(completions, **kwargs):
     return ["The answer must be exactly <answer>N</answer>."] * len(completions)
 
 
+# The parts of an ERL step outside generation and forward/backward that the bench times
+# apart (`erl_overhead_share[part]`); what else _prepare_inputs does is its "rest".
+OVERHEAD_PARTS = ("memory", "scoring", "tokenizing", "merging")
+
+
 class Timed:
-    """Mixin: accumulates wall time spent in the phases the figures are made of, and the
-    tokens and generate calls of every step."""
+    """Mixin: accumulates wall time spent in the phases the figures are made of (each with
+    and without the phases timed inside it), and the tokens and generate calls of every
+    step."""
 
     def __init__(self, *args, meter=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.phase_seconds = defaultdict(float)
+        self.phase_seconds = defaultdict(float)  # with the phases inside
+        self.own_seconds = defaultdict(float)  # without them
+        self._inside: list[float] = []  # per open phase: seconds of the phases inside it
         self.step_seconds: list[float] = []
         self.counts = defaultdict(int)  # generated, processed, generate_calls
         self.step_meter = meter  # a pipeline.erl.budget peak meter, or None
+        if isinstance(self, ERLTrainer):
+            self._time_erl_parts()
+
+    def _time_erl_parts(self) -> None:
+        """Time the memory's, the scorer's and the merge's calls as parts of their own."""
+        for name in ("shown", "record", "add", "pop_outcomes"):
+            self._time_attribute(self.memory, name, "memory")
+        for name in ("score", "feedback"):
+            self._time_attribute(self._backend, name, "scoring")
+        self._time_attribute(self, "_tokenize_prompts", "tokenizing")
+        self._time_attribute(self, "_merge_rows", "merging")
+
+    def _time_attribute(self, owner, name: str, phase: str) -> None:
+        method = getattr(owner, name)
+        setattr(owner, name, lambda *a, **k: self._timed(phase, method, *a, **k))
 
     def _timed(self, phase, fn, *args, **kwargs):
+        self._inside.append(0.0)
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            self.phase_seconds[phase] += time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self.phase_seconds[phase] += spent
+            self.own_seconds[phase] += spent - self._inside.pop()
+            if self._inside:
+                self._inside[-1] += spent
 
     def training_step(self, *args, **kwargs):
         if self.step_meter is not None:
@@ -174,15 +213,39 @@ def build(trainer_cls, args, model_dir, dataset, meter=None, **extra):
     return trainer
 
 
+def full_memory_seconds(args, reflections: int, repeats: int = 200) -> dict[str, float]:
+    """Seconds a step's memory calls take with the memory full, per scope: `reflections`
+    reflection prompts shown what it picks, each read recorded, each reflection offered
+    (half of them restating a stored lesson), at ERLTrainer's default memory policy."""
+    prompts = [f"What is {i} + {i + 1}? Answer in <answer></answer> tags." for i in range(8)]
+    seconds = {}
+    for scope in MEMORY_SCOPES:
+        memory = ReflectionMemory(args.memory_size, scope=scope, top_k=args.memory_top_k)
+        for i in range(args.memory_size):
+            memory.add(prompts[i % 8], f"Lesson {i}: add the two numbers, then stop.", step=i)
+        start = time.perf_counter()
+        for repeat in range(repeats):
+            rng = random.Random(repeat)
+            for row in range(reflections):
+                prompt = prompts[row % 8]
+                shown = memory.shown(prompt, rng)
+                memory.record([e.order for e in shown], success=row % 2 == 0)
+                lesson = f"Lesson {row if row % 2 else 1000 + repeat}: add them, then stop."
+                memory.add(prompt, lesson, step=repeat)
+            memory.pop_outcomes()
+        seconds[scope] = (time.perf_counter() - start) / repeats
+    return seconds
+
+
 def timed_run(trainer_cls, args, model_dir, dataset, warmup, **extra):
     """Step times after `warmup`, phase seconds scaled to those steps, their sum, the
     token and generate-call counts per step (over all steps), and the trainer."""
     trainer = build(trainer_cls, args, model_dir, dataset, **extra)
     trainer.train()
     steps = trainer.step_seconds[warmup:]
-    phases = {
-        k: v * len(steps) / len(trainer.step_seconds) for k, v in trainer.phase_seconds.items()
-    }
+    scale = len(steps) / len(trainer.step_seconds)
+    phases = {k: v * scale for k, v in trainer.phase_seconds.items()}
+    phases |= {f"own:{k}": v * scale for k, v in trainer.own_seconds.items()}
     per_step = {k: v / len(trainer.step_seconds) for k, v in trainer.counts.items()}
     return steps, phases, sum(steps), per_step, trainer
 
@@ -230,6 +293,9 @@ def main() -> None:
         help="the tiny model in 4-bit NF4 with a LoRA adapter (r 16) instead of full fine-tuning",
     )
     opts = parser.parse_args()
+    # One torch thread: the step ratios compare runs made one after another, and a second
+    # thread makes each step wait on whatever else the machine's other core is doing.
+    torch.set_num_threads(1)
 
     work = Path(tempfile.mkdtemp(prefix="erl-bench-"))
     model_dir = build_tiny_model(str(work / "tiny"))
@@ -326,6 +392,8 @@ def main() -> None:
         median["erl_gate_closed"],
         median["erl_all_gated"],
     )
+    parts = {part: phases["erl_all_gated", f"own:{part}"] for part in OVERHEAD_PARTS}
+    parts["rest"] = phases["erl_all_gated", "own:prepare"]
     phases = {key: phases["erl_all_gated", key] for key in ("prepare", "generate", "forward")}
     total = totals["erl_all_gated"]
 
@@ -351,6 +419,12 @@ def main() -> None:
     for name in ("grpo", "erl_all_gated"):
         print(f"generate_calls_per_step[{name}]: {count[name, 'generate_calls']:.2f}")
     print(f"erl_overhead_share: {outside / total:.3f}")
+    for part, seconds in parts.items():
+        print(f"erl_overhead_share[{part}]: {seconds / total:.3f}")
+    reflections = opts.batch // common["num_generations"]  # one a prompt group, all gated
+    full = full_memory_seconds(configs["erl_all_gated"][1](0, 1), reflections)
+    for scope, seconds in full.items():
+        print(f"erl_overhead_share[memory_full, {scope}]: {seconds / gated_time:.4f}")
     for name in ("grpo", "erl_all_gated"):
         print(f"loss_tokens_per_forward[{name}]: {planned[name]}")
     print(f"peak_memory_ratio: {memory['erl_all_gated'] / max(memory['grpo'], 1):.3f}")

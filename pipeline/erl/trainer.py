@@ -20,6 +20,7 @@ the base is Unsloth's generated GRPOTrainer (it rebinds `trl.GRPOTrainer`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections import deque
@@ -264,7 +265,7 @@ class ERLTrainer(GRPOTrainer):
         Without vLLM (which manages its own cache) the prompts are generated in as few calls
         as the memory budget allows (`pipeline.erl.budget`), each measured while the budget
         calibrates."""
-        prompt_ids, _, _ = self._tokenize_prompts(prompts)
+        prompt_ids = self._prompt_ids(prompts)
         lengths = [len(p) for p in prompt_ids]
         if self.use_vllm:
             plan = [list(range(len(prompt_ids)))]
@@ -288,6 +289,15 @@ class ERLTrainer(GRPOTrainer):
                 logprobs += [list(lp) for lp in lps] if lps is not None else [None] * len(rows)
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
         return Generated([list(p) for p in prompt_ids], completion_ids, texts, logprobs)
+
+    def _prompt_ids(self, prompts: list) -> list[list[int]]:
+        """The token ids TRL feeds the policy for each prompt (its chat template), each
+        distinct prompt tokenized once: the retries of a shared reflection repeat one."""
+        keys = [json.dumps(prompt, sort_keys=True, default=str) for prompt in prompts]
+        distinct = {key: prompt for key, prompt in zip(keys, prompts)}
+        ids, _, _ = self._tokenize_prompts(list(distinct.values()))
+        by_key = {key: list(row) for key, row in zip(distinct, ids)}
+        return [list(by_key[key]) for key in keys]
 
     @contextmanager
     def _generation_length(self, max_new_tokens: int) -> Iterator[None]:
@@ -381,8 +391,7 @@ class _Backend:
         )
 
     def tokenize(self, prompts: list) -> list[list[int]]:
-        prompt_ids, _, _ = self.trainer._tokenize_prompts(prompts)
-        return [list(p) for p in prompt_ids]
+        return self.trainer._prompt_ids(prompts)
 
     def trainable(self, completion_ids: list[list[int]]) -> list[bool]:
         return trainable_completions(self.trainer, completion_ids)
