@@ -347,3 +347,24 @@ def test_a_solved_row_is_not_gated_by_float_rounding(tiny_model_dir, arithmetic_
 
     assert reaches_threshold(scores[0].item(), 1.0) and not reaches_threshold(0.9999, 1.0)
     assert reaches_threshold(-2.0, -2.0) and not reaches_threshold(float("nan"), 0.0)
+
+
+def test_repeated_prompts_are_tokenized_once_with_the_ids_trl_gives_each(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    """A shared reflection's retries repeat one prompt: ERL tokenizes each distinct prompt
+    once, and every row gets the ids TRL's own tokenization gives it."""
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=erl_args(),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+    )
+    prompts = [row["prompt"] for row in arithmetic_dataset.select(range(3))]
+    repeated = [prompts[0], prompts[1], prompts[0], prompts[2], prompts[0]]
+    calls = []
+    tokenize = trainer._tokenize_prompts
+    trainer._tokenize_prompts = lambda batch: calls.append(len(batch)) or tokenize(batch)
+    ids = trainer._prompt_ids(repeated)
+    assert calls == [3]
+    assert ids == [list(row) for row in tokenize(repeated)[0]]
