@@ -1,5 +1,5 @@
 # Two commands on a fresh machine:  `make demo` (set up + run the main job), `make test`.
-# `make test` is the quick suite (~10 min on 2 cores); `make test-all` (CI) adds the slow tests.
+# `make test` is the quick suite (within 5 min on 2 cores); `make test-all` (CI) adds the slow tests.
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python

@@ -28,6 +28,7 @@ def test_an_unknown_method_is_refused_before_anything_is_written(tiny_model_dir,
     assert not out.exists()
 
 
+@pytest.mark.slow  # ~35 s each: a curriculum killed in stage 2 and resumed, per method
 @pytest.mark.parametrize("method", ["grpo", "sdpo"])
 def test_a_method_runs_the_curriculum_is_killed_in_stage_2_and_resumes(
     tiny_model_dir, tmp_path, method, capsys

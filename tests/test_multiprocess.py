@@ -181,6 +181,7 @@ def wait_for(predicate, process, timeout) -> bool:
     return False
 
 
+@pytest.mark.slow  # ~60 s: two processes through a whole curriculum, killed and resumed
 def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_model_dir, tmp_path):
     """`pipeline.run` in 2 processes: both record every process's first attempts (the
     controller's count is the global one) and decide alike, stage 1 promotes, a SIGKILL of

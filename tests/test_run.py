@@ -310,6 +310,8 @@ def killed_4bit_run(tiny_model_dir, tmp_path_factory) -> dict:
     return {"out": out, "kills": kills, "resumed": resumed.stdout + resumed.stderr}
 
 
+# ~75 s: seven processes, each killed at a boundary and resumed by the next
+@pytest.mark.slow
 @pytest.mark.xdist_group("killed_4bit_run")  # one worker runs the chain, for both tests
 def test_sigkill_at_every_stage_boundary_then_resume(killed_4bit_run):
     """Whenever the state says a stage is finished its folder is complete, a finished stage
@@ -348,6 +350,7 @@ def test_sigkill_at_every_stage_boundary_then_resume(killed_4bit_run):
         assert [m["stage_step"] for m in metrics if "loss" in m] == [1, 2]
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("killed_4bit_run")
 def test_a_killed_4bit_run_merges_and_evaluates_on_its_base(
     tiny_model_dir, killed_4bit_run, capsys
