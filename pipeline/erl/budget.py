@@ -174,9 +174,9 @@ class LossCost:
     growth: float = 0.0
 
     @classmethod
-    def fit(cls, samples: Sequence[tuple[float, float, float]], growth: bool = True) -> LossCost:
+    def fit(cls, samples: Sequence[tuple[float, float, float]], grows: bool = True) -> LossCost:
         """The line of bytes per token against tokens through (tokens, bytes, completion
-        share) samples; flat (no growth) unless `growth`, the packed layout's.
+        share) samples; flat (no growth) unless the cost `grows`, as the packed layout's.
 
         Its slope, the growth, is the median of the slopes between samples of alike
         composition (completion shares within 0.05: a forward of short rows holds more
@@ -192,7 +192,7 @@ class LossCost:
             (share[:, None] - share[None, :]).abs() <= 0.05
         )
         slopes = ((per[:, None] - per[None, :]) / (tokens[:, None] - tokens[None, :]))[pairs]
-        fitted = growth and slopes.numel() > 0
+        fitted = grows and slopes.numel() > 0
         growth = max(slopes.median().item(), 0.0) if fitted else 0.0
         weight = tokens / tokens.sum()
         per_token = (weight * (per - growth * tokens)).sum().item()
@@ -398,7 +398,7 @@ class StepBudget:
         if self._generate_ratio > 0:  # some call was measured
             self.generate_scale = self._generate_ratio
         if self._pooled:
-            self.cost = LossCost.fit(self._pooled, growth=self.packed)
+            self.cost = LossCost.fit(self._pooled, grows=self.packed)
             if self.packed:
                 largest = max(self._pooled)
                 self._bound = LossCost.square_through(largest[0], largest[1])
