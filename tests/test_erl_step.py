@@ -307,9 +307,9 @@ def recording(calls):
 
 def _group_of(question: str) -> str:
     """The group key the step gives `first_attempts`' prompt for `question`."""
-    from pipeline.erl.step import _group_key
+    from pipeline.erl.prompts import prompt_key
 
-    return _group_key([{"role": "user", "content": question}])
+    return prompt_key([{"role": "user", "content": question}])
 
 
 def test_one_reflection_per_group_serves_every_failed_attempt():

@@ -12,6 +12,7 @@ No torch or trl here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,12 @@ def prompt_text(prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt
     return "\n".join(str(m["content"]) for m in prompt if m.get("role") != "assistant")
+
+
+def prompt_key(prompt: Any) -> str:
+    """What names a prompt exactly, roles and all: GRPO's generations of one prompt share
+    it, and so do the retries of one shared reflection."""
+    return json.dumps(prompt, sort_keys=True, default=str)
 
 
 def memory_text(lessons: Sequence[str]) -> str:

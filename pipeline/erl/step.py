@@ -25,7 +25,6 @@ and no trainer (tests/test_erl_step.py). It imports neither trl nor transformers
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -46,6 +45,7 @@ from pipeline.erl.memory import MemoryEntry, ReflectionMemory
 from pipeline.erl.prompts import (
     as_completion,
     memory_text,
+    prompt_key,
     prompt_text,
     reflection_prompt,
     retry_prompt,
@@ -277,7 +277,7 @@ class ERLStep:
         the i-th retries with the group's reflection i mod k (so a reflecting row reads its
         own); with 0 every gated row reflects and reads its own. `chosen`'s fillers reflect
         as fillers and read none. Every process computes the same plan."""
-        keys = [_group_key(p) for p in chosen.prompts]
+        keys = [prompt_key(p) for p in chosen.prompts]
         k = self.settings.reflections_per_group
         every = processes.gather_object([(processes.index, key) for key in keys[:count]])
         ordinal: Counter[str] = Counter()
@@ -562,11 +562,6 @@ class ERLStep:
             torch.tensor([nll * tokens, float(tokens)], device=device)
         ).tolist()
         return total / all_tokens * self.settings.internalization_coef if all_tokens else None
-
-
-def _group_key(prompt) -> str:
-    """What names a prompt's group (its GRPO generations share the prompt exactly)."""
-    return json.dumps(prompt, sort_keys=True, default=str)
 
 
 def _means(values: list[list[float]], like: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,6 @@ the base is Unsloth's generated GRPOTrainer (it rebinds `trl.GRPOTrainer`).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections import deque
@@ -54,6 +53,7 @@ from pipeline.erl.interface import FirstAttempts, Generated  # noqa: E402
 from pipeline.erl.loss import chunk_entropy_mask, merged_chunk_loss  # noqa: E402
 from pipeline.erl.memory import ReflectionMemory  # noqa: E402
 from pipeline.erl.micro_batches import reference_tokens, split_plan  # noqa: E402
+from pipeline.erl.prompts import prompt_key  # noqa: E402
 from pipeline.erl.step import (  # noqa: E402
     ERLStep,
     RetryAdvantages,
@@ -293,7 +293,7 @@ class ERLTrainer(GRPOTrainer):
     def _prompt_ids(self, prompts: list) -> list[list[int]]:
         """The token ids TRL feeds the policy for each prompt (its chat template), each
         distinct prompt tokenized once: the retries of a shared reflection repeat one."""
-        keys = [json.dumps(prompt, sort_keys=True, default=str) for prompt in prompts]
+        keys = [prompt_key(prompt) for prompt in prompts]
         distinct = {key: prompt for key, prompt in zip(keys, prompts)}
         ids, _, _ = self._tokenize_prompts(list(distinct.values()))
         by_key = {key: list(row) for key, row in zip(distinct, ids)}
