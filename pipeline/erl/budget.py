@@ -325,9 +325,6 @@ class StepBudget:
         self.generate_scale = 1.0
         self._generate_ratio = 0.0
         self._chunks_left = CALIBRATION_CHUNKS if measure else 0
-        # While calibrating a packed layout: the square-growth bound through the largest
-        # forward measured (None: no bound).
-        self._bound: LossCost | None = None
         self._meter: StoragePeakMeter | CudaPeakMeter | None = None  # during a chunk
         self._loss: list[tuple[float, ...]] = []  # (tokens, bytes, share, held), this chunk
         self._generate: list[tuple[float, float]] = []  # (estimated, measured bytes)
@@ -347,8 +344,10 @@ class StepBudget:
         reference = max(self.cost.bytes(self.reference_tokens), self.held)
         limit = max(self.factor * reference - self.held, 0.0)
         tokens = self.cost.tokens_within(limit)
-        if self.calibrating and self._bound is not None:
-            tokens = min(tokens, self._bound.tokens_within(limit))
+        if self.calibrating and self.packed:  # a growth the first chunk may have hidden
+            largest_tokens, largest_bytes, _ = max(self._pooled)
+            bound = LossCost.square_through(largest_tokens, largest_bytes)
+            tokens = min(tokens, bound.tokens_within(limit))
         return max(1, int(min(tokens, 2**62)))
 
     def generation_bytes(self) -> float:
@@ -399,9 +398,6 @@ class StepBudget:
             self.generate_scale = self._generate_ratio
         if self._pooled:
             self.cost = LossCost.fit(self._pooled, grows=self.packed)
-            if self.packed:
-                largest = max(self._pooled)
-                self._bound = LossCost.square_through(largest[0], largest[1])
 
     @contextmanager
     def loss_forward(self, tokens: int, share: float = 0.0) -> Iterator[None]:

@@ -288,7 +288,7 @@ class ERLTrainer(GRPOTrainer):
                 completion_ids += [list(c) for c in ids]
                 logprobs += [list(lp) for lp in lps] if lps is not None else [None] * len(rows)
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        return Generated([list(p) for p in prompt_ids], completion_ids, texts, logprobs)
+        return Generated(prompt_ids, completion_ids, texts, logprobs)
 
     def _prompt_ids(self, prompts: list) -> list[list[int]]:
         """The token ids TRL feeds the policy for each prompt (its chat template), each
@@ -296,8 +296,8 @@ class ERLTrainer(GRPOTrainer):
         keys = [prompt_key(prompt) for prompt in prompts]
         distinct = {key: prompt for key, prompt in zip(keys, prompts)}
         ids, _, _ = self._tokenize_prompts(list(distinct.values()))
-        by_key = {key: list(row) for key, row in zip(distinct, ids)}
-        return [list(by_key[key]) for key in keys]
+        by_key = dict(zip(distinct, ids))
+        return [list(by_key[key]) for key in keys]  # a list of its own per row
 
     @contextmanager
     def _generation_length(self, max_new_tokens: int) -> Iterator[None]:
