@@ -53,7 +53,6 @@ def test_converted_folder_loads_with_fixed_tokens_and_is_reused(smollm2_dir):
     assert "Paris" in tokenizer.decode(out[0, ids["input_ids"].shape[1] :])
 
 
-
 def test_a_second_build_waits_for_the_one_under_way(smollm2_dir):
     """Two processes building one folder take turns: while another holds the folder's lock
     (a conversion under way), a build waits, then reuses what it finds."""
@@ -70,6 +69,7 @@ def test_a_second_build_waits_for_the_one_under_way(smollm2_dir):
         assert builder.is_alive() and not done  # waiting for the lock
     builder.join(timeout=60)
     assert done == [smollm2_dir]
+
 
 def first_fails_retry_succeeds(completions, attempt=None, **kwargs):
     """First attempts score 0, 1, 0, 1, ... (a GRPO spread); retries (attempt 2) score 1."""
