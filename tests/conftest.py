@@ -172,3 +172,45 @@ def first_generation_batch(trainer):
     batch = next(iter(trainer.get_train_dataloader()))
     trainer.model.train()
     return batch, trainer._generate_and_score_completions(batch)
+
+
+# The tool model's warm-up: ~300 steps are what it takes to call `guess` in nearly every
+# episode (100 steps left about a third of the episodes without a parsable call).
+TOOL_MODEL_WARMUP = {"steps": 300, "lr": 3e-3, "batch_size": 8, "seed": 0}
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir() -> str:
+    """The tiny tool-calling model (`build_tiny_model(..., tool_calling=True)`) after an SFT
+    warm-up on `GuessEnv`'s own solutions (tests/agent_env.py): in GRPO it calls `guess`
+    about twice an episode and finds the number in about 4 episodes out of 10.
+
+    The warm-up takes 15-25 s on one thread, so the folder is cached in
+    `.cache/tool-model/<key>`: the key hashes the code that builds it and the library
+    versions, and the stamps inside (`tiny_model.json`, `tool_warmup.json`) every setting.
+    A file lock lets one xdist worker build it while the other waits, then reuses it."""
+    import hashlib
+    from importlib import metadata
+    from pathlib import Path
+
+    import agent_env
+    from filelock import FileLock
+
+    from pipeline.models import tiny, tool_warmup
+
+    key = hashlib.sha256()
+    for module in (tiny, tool_warmup, agent_env):
+        key.update(Path(module.__file__).read_bytes())
+    for package in ("torch", "transformers", "tokenizers", "trl"):
+        key.update(metadata.version(package).encode())
+    folder = Path(__file__).resolve().parents[1] / ".cache" / "tool-model" / key.hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder / ".lock")):
+        base = tiny.build_tiny_model(str(folder / "base"), tool_calling=True)
+        return tool_warmup.warm_up_on_episodes(
+            base,
+            agent_env.guess_solutions(),
+            tool_warmup.environment_tools(agent_env.GuessEnv()),
+            str(folder / "warm"),
+            **TOOL_MODEL_WARMUP,
+        )
