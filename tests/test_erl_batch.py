@@ -3,6 +3,7 @@ tests/test_erl_bases.py, run on its trainer by tests/test_unsloth_trainer.py).""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import length_reward
 
@@ -111,3 +112,42 @@ def test_merge_rows_pads_to_split_and_keeps_optional_tensors(
     assert merged["prompt_ids"][9].tolist() == [pad_id] * 4 + [7]
     assert merged["advantages"][8:].tolist() == [0.5, -0.5, 0.0, 0.0]
     assert merged["num_items_in_batch"].item() == b * c + 6
+
+
+def test_tool_masks_join_the_batch_and_leave_tool_results_out_of_the_item_count():
+    """An episode's rows carry TRL's tool_mask (0 over tool results, padded with 1 as TRL
+    pads it); rows without one get ones; num_items_in_batch counts the model's tokens."""
+    from pipeline.erl.batch import loss_mask, merge_rows, pad_rows
+
+    rows = NewRows(
+        [[1], [2]],
+        [[5, 6, 7, 8], [9]],
+        [1.0, -1.0],
+        [True, True],
+        [True, True],
+        tool_masks=[[1, 0, 0, 1], None],
+    )
+    batch = pad_rows(rows, 0, "cpu")
+    assert batch["tool_mask"].tolist() == [[1, 0, 0, 1], [1, 1, 1, 1]]
+    assert loss_mask(batch).tolist() == [[1, 0, 0, 1], [1, 0, 0, 0]]
+    assert "tool_mask" not in pad_rows(NewRows([[1]], [[5]], [0.0], [True], [True]), 0, "cpu")
+
+    output = {  # GRPO's batch of two episodes, the second with a tool result
+        "prompt_ids": torch.ones(2, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(2, 1, dtype=torch.long),
+        "completion_ids": torch.ones(2, 3, dtype=torch.long),
+        "completion_mask": torch.ones(2, 3, dtype=torch.long),
+        "tool_mask": torch.tensor([[1, 1, 1], [1, 0, 1]]),
+        "advantages": torch.zeros(2),
+        "num_items_in_batch": torch.tensor(5),
+    }
+    merged = merge_rows(
+        output, rows, pad_id=0, multiple=None, steps_per_generation=1, gather=lambda t: t,
+        logps=None, ref_logps=None, importance_sampling=("token_truncate", None, None),
+    )  # fmt: skip
+    assert merged["tool_mask"].tolist() == [[1, 1, 1, 1], [1, 0, 1, 1], [1, 0, 0, 1], [1, 1, 1, 1]]
+    assert merged["num_items_in_batch"].item() == 3 + 2 + 2 + 1
+    with pytest.raises(ValueError, match="a tool mask of 2 tokens for a 4-token completion"):
+        pad_rows(
+            NewRows([[1]], [[5, 6, 7, 8]], [0.0], [True], [True], tool_masks=[[1, 0]]), 0, "cpu"
+        )

@@ -192,3 +192,18 @@ def test_memory_model_and_generation_plan():
     assert plan_generation([5, 5, 5, 5], 3, memory, memory.generate_call(4, 5, 3)) == [[0, 1, 2, 3]]
     tight = memory.generate_call(2, 13, 3)
     assert plan_generation([12, 5, 13, 2, 300], 3, memory, tight) == [[0, 1], [2, 3], [4]]
+
+
+def test_a_micro_batch_keeps_the_tool_mask_of_its_columns_and_counts_the_models_tokens():
+    from pipeline.erl.micro_batches import loss_token_mask
+
+    batch = padded_batch([2, 1], [3, 1])
+    batch["tool_mask"] = torch.tensor([[1, 0, 1], [1, 1, 1]])
+    part = micro_batch(batch, [1], 0, packed=False)
+    assert part["completion_ids"].size(1) == 1 and part["tool_mask"].tolist() == [[1]]
+    assert loss_token_mask(batch, 0, unsloth=False, mask_truncated=False).tolist() == [
+        [1, 0, 1],
+        [1, 0, 0],
+    ]
+    # Unsloth rebuilds the mask from the ids; tool results stay out there too.
+    assert loss_token_mask(batch, 0, unsloth=True, mask_truncated=False)[0].tolist() == [1, 0, 1]

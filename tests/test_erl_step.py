@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline.erl.interface import FirstAttempts, Generated, OneProcess
+from pipeline.erl.interface import Attempts, FirstAttempts, Generated, OneProcess
 from pipeline.erl.memory import ReflectionMemory
 from pipeline.erl.prompts import DEFAULT_REFLECTION_PROMPT, DEFAULT_RETRY_PROMPT
 from pipeline.erl.step import NO_FEEDBACK, ERLStep, call_feedback, retry_advantages
@@ -37,6 +37,7 @@ def settings(**overrides):
         reflection_system_prompt=DEFAULT_REFLECTION_PROMPT,
         retry_system_prompt=DEFAULT_RETRY_PROMPT,
         reflection_max_completion_length=None,
+        reflection_attempt_max_chars=4000,
         max_completion_length=8,
         reflections_per_group=0,
     )
@@ -53,6 +54,8 @@ def content(prompt) -> str:
 
 class Backend:
     """A deterministic StepBackend: retries are right for the prompts in `solvable`."""
+
+    episodic = False
 
     def __init__(self, solvable=(), processes=None, nll=0.25):
         self.solvable, self.nll = set(solvable), nll
@@ -74,22 +77,28 @@ class Backend:
             [ids(content(p)) for p in prompts], [ids(t) for t in texts], texts, [None] * len(texts)
         )
 
-    def score(self, rows, prompts, completions, completion_ids):
+    def attempt(self, rows, prompts):
+        generated = self.generate(prompts, 8)
+        tasks = [row["prompt"] for row in rows]
+        completions = [[{"role": "assistant", "content": text}] for text in generated.texts]
+        return Attempts(generated, tasks, completions, [None] * len(rows))
+
+    def score(self, rows, prompts, completions, completion_ids, environments=None):
         self.scored.append({"rows": rows, "completions": completions})
         return torch.tensor(
             [float(c[0]["content"] == row["answer"]) for row, c in zip(rows, completions)]
         )
 
-    def feedback(self, rows, prompts, completions, completion_ids):
+    def feedback(self, rows, prompts, completions, completion_ids, environments=None):
         return [f"not {c[0]['content']}" for c in completions]
 
-    def tokenize(self, prompts):
+    def tokenize(self, prompts, rows):
         return [ids(content(p)) for p in prompts]
 
     def trainable(self, completion_ids):
         return [len(c) < 8 for c in completion_ids]
 
-    def mean_token_nll(self, prompt_ids, completion_ids):
+    def mean_token_nll(self, prompt_ids, completion_ids, tool_masks):
         return self.nll
 
 
@@ -149,6 +158,7 @@ def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
         "erl/retries": 3.0,
         "erl/memory_stored": 1.0,
         "erl/memory_confirmed": 1.0,
+        "erl/attempts_cut": 0.0,
     }
 
 
@@ -180,7 +190,7 @@ def test_the_retry_advantages_hook_credits_reflections_and_retries():
 
 def test_unscorable_retries_carry_no_signal():
     class Unscorable(Backend):
-        def score(self, rows, prompts, completions, completion_ids):
+        def score(self, rows, prompts, completions, completion_ids, environments=None):
             return torch.full((len(rows),), float("nan"))
 
     result = ERLStep(settings(), ReflectionMemory(5))(
@@ -475,3 +485,123 @@ def test_the_step_module_imports_neither_trl_nor_transformers():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=STEP.parents[2]
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+class Episodes(Backend):
+    """An episodic StepBackend: each attempt is an episode in a fresh environment reset with
+    its row (its text joins the prompt), one tool result in the middle of its tokens."""
+
+    episodic = True
+
+    def __init__(self):
+        super().__init__()
+        self.resets: list[dict] = []
+
+    def attempt(self, rows, prompts):
+        environments = []
+        for row in rows:
+            self.resets.append(dict(row))
+            environments.append({"start": row["start"]})
+        observed = [p[:-1] + [{**p[-1], "content": p[-1]["content"] + " (at 3)"}] for p in prompts]
+        generated = Generated(
+            [ids(content(p)) for p in observed],
+            [[1, 2, 3, 4]] * len(rows),
+            ["call -> result right"] * len(rows),
+            [None] * len(rows),
+        )
+        tasks = [r["prompt"][:-1] + [{**r["prompt"][-1], "content": "go (at 3)"}] for r in rows]
+        episode = [
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "look", "arguments": {}}}]},
+            {"role": "tool", "name": "look", "content": "a wall"},
+            {"role": "assistant", "content": "right"},
+        ]  # fmt: skip
+        return Attempts(
+            generated, tasks, [episode] * len(rows), [[1, 0, 0, 1]] * len(rows), environments
+        )
+
+    def score(self, rows, prompts, completions, completion_ids, environments=None):
+        assert environments is not None and len(environments) == len(rows)
+        self.scored.append({"rows": rows, "completions": completions})
+        return torch.tensor(
+            [float(c[-1]["content"] == r["answer"]) for r, c in zip(rows, completions)]
+        )
+
+
+def test_an_episodic_retry_is_a_fresh_episode_with_the_lesson_as_its_rulebook():
+    """The retry starts from the row's own prompt with the reflection in its system message;
+    rewards get the episode and its environment; retry and internalization rows keep the
+    episode's tool mask, the internalized one under the task's prompt (reset text and all)."""
+    backend = Episodes()
+    prompt = [{"role": "system", "content": "Find the exit."}, {"role": "user", "content": "go"}]
+    row = {"prompt": prompt, "answer": "right", "start": 3}
+    episode = [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "look", "arguments": {"far": True}}}]},
+        {"role": "tool", "name": "look", "content": "a hole ahead"},
+        {"role": "assistant", "content": "guess"},
+    ]  # fmt: skip
+    observed = [prompt[0], {"role": "user", "content": "go (at 3)"}]
+    first = FirstAttempts(
+        [row], [observed], [episode], [[1, 2, 3]], torch.tensor([0.0]), [{"trace": "fell"}]
+    )
+    result = ERLStep(settings(), ReflectionMemory(5))(backend, first, step=1)
+
+    ((reflection,), _) = backend.generated[0]
+    shown = reflection[0]["content"]
+    assert 'Call look({"far": true})' in shown and "Result of look: a hole ahead" in shown
+    assert backend.resets == [row]  # the retry's environment: reset with the first's row
+    (scored,) = backend.scored
+    assert scored["completions"][0][1]["content"] == "a wall"  # the retry's own episode
+    rows = result.rows
+    assert rows.tool_masks == [None, [1, 0, 0, 1], [1, 0, 0, 1]]  # reflection, retry, copy
+    assert rows.prompt_ids[2] == ids("go (at 3)")  # the task's prompt, no lesson
+    assert rows.completion_ids[2] == rows.completion_ids[1]
+
+
+def test_the_retry_prompt_of_an_episode_puts_the_lesson_in_the_system_message():
+    backend = Episodes()
+    recorded = []
+    backend.attempt = lambda rows, prompts: (
+        recorded.append(prompts) or Episodes.attempt(backend, rows, prompts)
+    )
+    prompt = [{"role": "user", "content": "go"}]
+    first = FirstAttempts(
+        [{"prompt": prompt, "answer": "right", "start": 0}],
+        [prompt],
+        [[{"role": "assistant", "content": "guess"}]],
+        [[1]],
+        torch.tensor([0.0]),
+    )
+    ERLStep(settings(), ReflectionMemory(5))(backend, first, step=1)
+    ((retry,),) = recorded
+    assert retry[1] == prompt[0]  # the task as the first attempt had it
+    assert retry[0]["role"] == "system"
+    assert retry[0]["content"].startswith("Advice from a previous attempt: Check")
+
+
+def test_a_long_attempt_is_cut_in_the_middle_for_its_reflection_and_counted():
+    backend = Backend()
+    first = first_attempts(["What is 1+1?"], torch.tensor([0.0]))
+    long = [[{"role": "assistant", "content": "start " + "x" * 500 + " the end"}]]
+    first = FirstAttempts(first.rows, first.prompts, long, first.completion_ids, first.rewards)
+    result = ERLStep(settings(reflection_attempt_max_chars=100), ReflectionMemory(5))(
+        backend, first, step=1
+    )
+    shown = backend.generated[0][0][0][0]["content"]
+    assert "start x" in shown and "x the end" in shown and "characters cut ...]" in shown
+    assert result.metrics["erl/attempts_cut"] == 1.0
+
+
+def test_feedback_without_a_function_reads_each_environments_feedback_property():
+    class Env:
+        def __init__(self, text):
+            self.text = text
+
+        @property
+        def feedback(self):
+            return self.text
+
+    rows = [{"prompt": "p"}] * 3
+    feedback = call_feedback(None, rows, ["p"] * 3, ["a"] * 3, [[1]] * 3, environments=[Env("fell in a hole"), object(), Env("ok")])  # fmt: skip
+    assert feedback == ["fell in a hole", NO_FEEDBACK, "ok"]
+    with pytest.raises(ValueError, match="Env.feedback must be a string"):
+        call_feedback(None, rows[:1], ["p"], ["a"], [[1]], environments=[Env(3)])

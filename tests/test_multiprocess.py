@@ -181,6 +181,27 @@ def wait_for(predicate, process, timeout) -> bool:
     return False
 
 
+@pytest.mark.slow  # two processes importing trl, then two steps of episodes
+def test_two_processes_train_erl_on_an_environment_in_step(tool_model_dir, tmp_path):
+    """Episodes (TRL's tool loop), reflections, retry episodes and internalized copies on
+    two processes: every rank makes the same collective calls (the run ends), DDP keeps
+    the parameters equal, and both ranks hold the same memory and log the same metrics."""
+    out = tmp_path / "out"
+    run_two("tests/multiprocess_agents.py", tool_model_dir, str(out), log=tmp_path / "log")
+    ranks = [torch.load(out / f"rank{i}.pt") for i in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2], "accelerate did not start 2 processes"
+    for name, value in ranks[0]["params"].items():
+        assert torch.equal(value, ranks[1]["params"][name]), name
+    assert ranks[0]["memory"] == ranks[1]["memory"] and ranks[0]["memory"]
+    metrics = [r["metrics"] for r in ranks]
+    assert len(metrics[0]) == 2
+    for a, b in zip(*metrics):
+        shared = a.keys() - {"erl/generate_calls", "erl/retry_tool_calls"}  # a process's own
+        assert {k: a[k] for k in shared} == {k: b[k] for k in shared}
+        assert a["erl/gated_fraction"] == 1.0 and a["erl/internalization_rows"] == 8.0
+    assert sum(m["erl/retry_tool_calls"] for r in metrics for m in r) > 0
+
+
 @pytest.mark.slow  # ~60 s: two processes through a whole curriculum, killed and resumed
 def test_curriculum_run_in_two_processes_promotes_is_killed_and_resumes(tiny_model_dir, tmp_path):
     """`pipeline.run` in 2 processes: both record every process's first attempts (the

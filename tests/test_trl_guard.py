@@ -14,6 +14,7 @@ EXPECTED_SIGNATURES = {
     "_load_optimizer_and_scheduler": "(self, checkpoint)",
     "_generate_single_turn": "(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False)",
     "_tokenize_prompts": "(self, prompts: list)",
+    "_tool_call_loop": "(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)",
     "save_model": "(self, output_dir: str | None = None, _internal_call: bool = False) -> None",
     "compute_loss": "(self, model, inputs, return_outputs=False, num_items_in_batch=None)",
     "get_high_entropy_mask": "(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor",
@@ -73,6 +74,25 @@ UPSTREAM_LINES = {
         "per_sequence_logps_diff = per_token_logps_diff.sum(dim=-1, keepdim=True)",
         'if self.vllm_importance_sampling_mode in ["sequence_truncate", "token_truncate"]:',
         "invalid_mis_mask, value=0.0",
+    ],
+    "reset_arguments": [
+        'reset_kwargs = {k: v for k, v in x.items() if k != "environment"} if self._multi_environment else x',
+    ],
+    "with_observation": [
+        "if isinstance(observation, list) and isinstance(content, str):",
+        'prompts[i] = prompt[:-1] + [{**prompt[-1], "content": content + observation}]',
+    ],
+    "rollout_tools": [
+        'if member_name not in ("reset", "get_reward") and not member_name.startswith("_")',
+        "if inspect.iscoroutinefunction(tool):",
+    ],
+    "render_prompt": [
+        "tools=self._env_tools[name] or None,  # `or None`: Llama bug: tool boilerplate for tools=[]",
+        "chat_template=self.chat_template,",
+    ],
+    "first_turns": [
+        "[parse_response(self._tokenizer, ids, prefix=prompt_ids[i])]",
+        'completions = [[{"role": "assistant", "content": content}] for content in contents]',
     ],
 }
 
@@ -140,6 +160,15 @@ def test_private_attributes_erl_uses_exist(tiny_model_dir, arithmetic_dataset, e
         "_entropy_window_stats",
         "_entropy_bonus_enabled",
         "top_entropy_quantile",
+        # multi-turn: read by ERL's retry episodes (tests/test_erl_agents.py runs them)
+        "tools",
+        "_standalone_tools",
+        "environment_factories",
+        "_multi_environment",
+        "environments",
+        "chat_template",
+        "chat_template_kwargs",
+        "max_completion_length",
     ):
         assert hasattr(trainer, attribute), attribute
     assert trainer.generation_kwargs["max_new_tokens"] == trainer.generation_config.max_new_tokens

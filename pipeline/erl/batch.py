@@ -32,13 +32,14 @@ from pipeline.erl.upstream import importance_sampling_ratio
 # splits and shuffles it with the other rows; ERLTrainer.compute_loss drops those rows.
 INERT_KEY = "erl_inert"
 
-# Batch keys whose rows ERL knows how to extend; anything else (images, tool masks,
-# Unsloth's optional sample weights) is refused when the trainer is built.
+# Batch keys whose rows ERL knows how to extend; anything else (images, Unsloth's optional
+# sample weights) is refused when the trainer is built.
 ROW_KEYS = {
     "prompt_ids",
     "prompt_mask",
     "completion_ids",
     "completion_mask",
+    "tool_mask",
     "advantages",
     "old_per_token_logps",
     "ref_per_token_logps",
@@ -55,7 +56,9 @@ Scorer = Callable[[dict], torch.Tensor]
 def pad_rows(rows: NewRows, pad_id: int, device, multiple: int | None = None) -> dict:
     """Left-padded prompts and right-padded completions. Inert rows get a pad-only
     completion (a base that rebuilds the mask from token ids then trains nothing there);
-    masked rows keep their tokens under a zero mask, as GRPO's own truncated rows do."""
+    masked rows keep their tokens under a zero mask, as GRPO's own truncated rows do.
+    Where a row has a tool mask (an episode), the batch has TRL's `tool_mask`: 0 over tool
+    results, 1 elsewhere (padding included, as TRL pads it)."""
     prompts = [torch.tensor(p, dtype=torch.long) for p in rows.prompt_ids]
     completions = [
         torch.tensor(c if ok and c else [pad_id], dtype=torch.long)
@@ -71,12 +74,36 @@ def pad_rows(rows: NewRows, pad_id: int, device, multiple: int | None = None) ->
             device
         )
 
-    return {
+    batch = {
         "prompt_ids": padded(prompts, pad_id, "left"),
         "prompt_mask": padded([torch.ones_like(p) for p in prompts], 0, "left"),
         "completion_ids": padded(completions, pad_id, "right"),
         "completion_mask": padded(completion_mask, 0, "right"),
     }
+    if any(mask is not None for mask in rows.tool_masks):
+        batch["tool_mask"] = padded(_tool_masks(rows, completions), 1, "right")
+    return batch
+
+
+def _tool_masks(rows: NewRows, completions: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each row's tool mask as a tensor the length of its padded completion."""
+    masks = []
+    for mask, completion, raw, ok in zip(
+        rows.tool_masks, completions, rows.completion_ids, rows.valid
+    ):
+        if mask is None or not (ok and raw):
+            masks.append(torch.ones_like(completion))
+            continue
+        if len(mask) != len(raw):
+            raise ValueError(f"a tool mask of {len(mask)} tokens for a {len(raw)}-token completion")
+        masks.append(torch.tensor(mask, dtype=torch.long))
+    return masks
+
+
+def loss_mask(batch: dict) -> torch.Tensor:
+    """The tokens the loss trains (TRL's): the completion mask, less tool results."""
+    mask = batch["completion_mask"]
+    return mask if batch.get("tool_mask") is None else mask * batch["tool_mask"]
 
 
 def cat_padded(
@@ -170,7 +197,7 @@ def merge_rows(
         merged["max_left_pad"] = torch.full(
             (merged["prompt_ids"].size(0), 1), left_pad, dtype=output["max_left_pad"].dtype
         )
-    merged["num_items_in_batch"] = gather(merged["completion_mask"].sum()).sum()
+    merged["num_items_in_batch"] = gather(loss_mask(merged).sum()).sum()
     return merged
 
 
@@ -200,6 +227,9 @@ def _merged_core(output: dict, rows: NewRows, pad_id: int, multiple: int | None)
         ),
         "advantages": torch.cat([output["advantages"], new["advantages"]]),
     }
+    if output.get("tool_mask") is not None:  # TRL's tool loop ran: every row carries one
+        ours = new.get("tool_mask", torch.ones_like(new["completion_mask"]))
+        merged["tool_mask"] = cat_padded(output["tool_mask"], ours, 1, "right", multiple)
     before = output["prompt_ids"].size(0)
     inert = torch.zeros(merged["prompt_ids"].size(0), dtype=torch.bool, device=device)
     inert[before:] = ~torch.tensor(rows.valid, dtype=torch.bool, device=device)

@@ -139,6 +139,15 @@ class ERLConfig(GRPOConfig):
             "max_completion_length, since they are trained as answers to the original prompt."
         },
     )
+    reflection_attempt_max_chars: int = field(
+        default=4000,
+        metadata={
+            "help": "Most characters of the first attempt a reflection prompt shows (an "
+            "episode: every turn, tool call and tool result). A longer one keeps its first "
+            "quarter and its end, the cut's length written where it was cut, and is counted "
+            "in the erl/attempts_cut metric."
+        },
+    )
 
     # Default measured (docs/results.md, "The hidden rule: ERL at its paper's budget"): on the
     # learning bench k = 1 (`erl_shared`) beat per-attempt reflection (`erl`, k = 0) at
@@ -187,6 +196,9 @@ class ERLConfig(GRPOConfig):
         length = self.reflection_max_completion_length
         if length is not None and length < 1:
             raise ValueError(f"reflection_max_completion_length must be >= 1, got {length}")
+        chars = self.reflection_attempt_max_chars
+        if isinstance(chars, bool) or not isinstance(chars, int) or chars < 1:
+            raise ValueError(f"reflection_attempt_max_chars must be an integer >= 1, got {chars!r}")
         for name, allowed in (
             ("reflection_system_prompt", REFLECTION_PLACEHOLDERS),
             ("retry_system_prompt", RETRY_PLACEHOLDERS),

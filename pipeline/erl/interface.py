@@ -24,6 +24,8 @@ class FirstAttempts:
     completions: list
     completion_ids: list[list[int]]
     rewards: torch.Tensor
+    # One per row after its episode (TRL's environment_factory), else None.
+    environments: list | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,23 @@ class Generated:
     logprobs: list[list[float] | None]
 
 
+@dataclass(frozen=True)
+class Attempts:
+    """One attempt at each row's task (the retries). `generated` holds the tokens the
+    policy trains on; an episode's completion ids run through every turn, tool results
+    included, and `tool_masks` says which tokens are the model's (1) and which a tool's
+    (0; None: all the model's). `prompts` is the task as the reward functions see it, the
+    lesson left out (an episode's: with its environment's reset text); `completions` are
+    what they get (an episode: its messages); `environments`, one per row after its
+    episode, or None without an environment_factory."""
+
+    generated: Generated
+    prompts: list
+    completions: list
+    tool_masks: list[list[int] | None]
+    environments: list | None = None
+
+
 @dataclass
 class NewRows:
     """Rows ERL adds to a generation batch (token ids as lists, one advantage each)."""
@@ -48,10 +67,14 @@ class NewRows:
     trainable: list[bool]  # False: kept but masked, as GRPO masks truncated completions
     # Per-token log-probs the generator reported for each row (vLLM), else None.
     sampling_logps: list[list[float] | None] = field(default_factory=list)
+    # Per completion token: 1 the model's own, 0 a tool's result (no loss); None: all 1.
+    tool_masks: list[list[int] | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.sampling_logps:
             self.sampling_logps = [None] * len(self.valid)
+        if not self.tool_masks:
+            self.tool_masks = [None] * len(self.valid)
 
     def extend(self, other: NewRows) -> None:
         """Append `other`'s rows."""
@@ -61,6 +84,7 @@ class NewRows:
         self.valid += other.valid
         self.trainable += other.trainable
         self.sampling_logps += other.sampling_logps
+        self.tool_masks += other.tool_masks
 
     def add_filler(self, count: int) -> None:
         """Append `count` inert rows (they only round the row count up)."""
@@ -122,26 +146,39 @@ class StepBackend(Protocol):
     """What the ERL step needs from a base trainer."""
 
     processes: Processes
+    # Attempts are episodes (tools or environments): a retry's lesson goes in the system
+    # prompt, and `attempt` starts the row's episode afresh.
+    episodic: bool
 
     def generate(self, prompts: list, max_new_tokens: int) -> Generated:
-        """One sample per prompt (every process calls it with as many prompts)."""
+        """One sample per prompt, no tools (every process calls it with as many prompts)."""
 
-    def score(self, rows: list[dict], prompts: list, completions: list, completion_ids) -> Any:
+    def attempt(self, rows: list[dict], prompts: list) -> Attempts:
+        """One attempt at each row's task from `prompts` (the retry prompts): a sample, or
+        an episode through the trainer's tool loop, in an environment reset with the row."""
+
+    def score(
+        self, rows: list[dict], prompts: list, completions: list, completion_ids, environments=None
+    ) -> Any:
         """The weighted reward of each completion against its dataset row: a (n,) tensor,
         NaN where no reward function could score it (every process scores as many rows)."""
 
-    def feedback(self, rows: list[dict], prompts: list, completions: list, completion_ids):
+    def feedback(
+        self, rows: list[dict], prompts: list, completions: list, completion_ids, environments=None
+    ):
         """One feedback string per completion (see `call_feedback`)."""
 
-    def tokenize(self, prompts: list) -> list[list[int]]:
-        """The token ids the trainer would feed the policy for each prompt."""
+    def tokenize(self, prompts: list, rows: list[dict]) -> list[list[int]]:
+        """The token ids the trainer would feed the policy for each prompt of a task's
+        row (the tools its row's environment offers shown)."""
 
     def trainable(self, completion_ids: list[list[int]]) -> list[bool]:
         """Which completions the base trainer would train (it may mask truncated ones)."""
 
-    def mean_token_nll(self, prompt_ids, completion_ids) -> float | None:
-        """Mean negative log-likelihood per completion token under the policy (a metric;
-        None where the trainer's scorer reports none). Every process calls it together."""
+    def mean_token_nll(self, prompt_ids, completion_ids, tool_masks) -> float | None:
+        """Mean negative log-likelihood per completion token of the model's own (tool
+        results left out) under the policy (a metric; None where the trainer's scorer
+        reports none). Every process calls it together."""
 
 
 class StepSettings(Protocol):
@@ -154,5 +191,6 @@ class StepSettings(Protocol):
     reflection_system_prompt: str
     retry_system_prompt: str
     reflection_max_completion_length: int | None
+    reflection_attempt_max_chars: int
     max_completion_length: int
     reflections_per_group: int

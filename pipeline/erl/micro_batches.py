@@ -45,12 +45,13 @@ def loss_token_mask(batch: dict, pad_id: int, unsloth: bool, mask_truncated: boo
     """The completion tokens the base trainer's loss counts: TRL's completion_mask, or, for
     Unsloth, the non-pad tokens (it rebuilds the mask from the ids) of rows it keeps."""
     mask = batch["completion_mask"]
+    tools = batch.get("tool_mask")  # both bases leave tool results out (TRL's layout)
     if not unsloth:
-        return mask
+        return mask if tools is None else mask * tools
     rebuilt = (batch["completion_ids"] != pad_id).to(mask.dtype)
     if mask_truncated:  # Unsloth re-applies the rows TRL emptied for truncation
         rebuilt = rebuilt * (mask.sum(dim=1, keepdim=True) > 0).to(mask.dtype)
-    return rebuilt
+    return rebuilt if tools is None else rebuilt * tools.to(mask.dtype)
 
 
 def select_rows(batch: dict, rows: torch.Tensor) -> dict:
@@ -190,8 +191,9 @@ def micro_batch(
     completion_width = rounded(max(completion), full_completion)
     for key in ("prompt_ids", "prompt_mask"):
         part[key] = part[key][:, full_prompt - prompt_width :]
-    for key in ("completion_ids", "completion_mask"):
-        part[key] = part[key][:, :completion_width]
+    for key in ("completion_ids", "completion_mask", "tool_mask"):
+        if key in part:
+            part[key] = part[key][:, :completion_width]
     # Packed column of token j: M - (P - length) + j before, M' - (P' - length) + j after,
     # with M' = P' - shortest prompt: the same shift for every row.
     left_pad = prompt_width - min(prompt)

@@ -16,6 +16,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from rewards import completion_text
+
 DEFAULT_REFLECTION_PROMPT = (
     "You tried to solve this task:\n{prompt}\n\n"
     "Your attempt:\n{attempt}\n\n"
@@ -29,6 +31,11 @@ RETRY_PLACEHOLDERS = ("prompt", "reflection")
 
 NO_MEMORY = "(none yet)"
 """The `{memory}` value when no stored reflection is retrieved."""
+
+EMPTY_TASK = [{"role": "user", "content": ""}]
+"""The prompt of a row without one (TRL's: its environment's `reset` text supplies it)."""
+
+CUT_MARK = "\n[... {count} characters cut ...]\n"
 
 
 def is_chat(prompt: Any) -> bool:
@@ -91,3 +98,60 @@ def retry_prompt(prompt: Any, template: str, reflection: str) -> Any:
         *context,
         {**last, "content": template.format(prompt=last["content"], reflection=reflection)},
     ]
+
+
+def task_prompt(row: dict) -> Any:
+    """A dataset row's prompt, as TRL reads it (an environment that owns the data may
+    leave it out: its `reset` text is then the whole prompt)."""
+    return row.get("prompt", EMPTY_TASK)
+
+
+def lesson_in_system(prompt: list, template: str, reflection: str) -> list:
+    """An episode's retry prompt: the conversation with the retry template applied to its
+    system message (one added first when it has none), every other turn as it was, so
+    the episode starts as the first attempt's did, with the lesson as its rulebook.
+
+    >>> lesson_in_system([{"role": "user", "content": "Go."}], "{prompt}\n\nAdvice: {reflection}", "Left.")
+    [{'role': 'system', 'content': 'Advice: Left.'}, {'role': 'user', 'content': 'Go.'}]
+    """
+    if prompt and prompt[0].get("role") == "system":
+        system, rest = prompt[0], prompt[1:]
+        text = template.format(prompt=system["content"], reflection=reflection)
+        return [{**system, "content": text.strip()}, *rest]
+    text = template.format(prompt="", reflection=reflection)
+    return [{"role": "system", "content": text.strip()}, *prompt]
+
+
+def attempt_text(completion: Any, max_chars: int) -> tuple[str, bool]:
+    """An attempt as the reflection prompt shows it, and whether it was cut: a single
+    answer's text, or an episode turn by turn (the model's text, each tool call with its
+    arguments, each tool result). Longer than `max_chars`, the middle is cut (its length
+    said in the text): the beginning sets the task up, the end holds how it ended."""
+    text = _episode_text(completion) if _is_episode(completion) else completion_text(completion)
+    if len(text) <= max_chars:
+        return text, False
+    head = max_chars // 4
+    tail = max_chars - head
+    return text[:head] + CUT_MARK.format(count=len(text) - head - tail) + text[-tail:], True
+
+
+def _is_episode(completion: Any) -> bool:
+    return isinstance(completion, list) and any(
+        isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in completion
+    )
+
+
+def _episode_text(messages: list[dict]) -> str:
+    lines = []
+    for message in messages:
+        if message.get("role") == "tool":
+            lines.append(f"Result of {message.get('name', 'the tool')}: {message.get('content')}")
+            continue
+        content = message.get("content")
+        if content:
+            lines.append(str(content).strip())
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", call)
+            arguments = json.dumps(function.get("arguments"), sort_keys=True, default=str)
+            lines.append(f"Call {function.get('name')}({arguments})")
+    return "\n".join(lines)

@@ -10,8 +10,9 @@ and returns the rows ERL adds to its batch (`NewRows`), with the step's metrics:
 3. feedback: one string per reflecting first attempt (`feedback_func`, or a stock line);
 4. reflect: one generation per reflecting row from the reflection template, which shows the
    stored reflections the `ReflectionMemory` picks for it (its scope and top-k);
-5. retry: one generation per gated row from the retry template, with the reflection the
-   plan gives it; r2 is scored against the original row;
+5. retry: one attempt per gated row from the retry template, with the reflection the
+   plan gives it (an episode: a fresh one from the same row, through the trainer's tool
+   loop, the reflection in its system prompt); r2 is scored against the original row;
 6. credit: the advantage of each reflection and retry row (`retry_advantages`, a hook:
    `ERLTrainer(retry_advantages=...)`), over every process's retries;
 7. remember: reflections a retry reached the threshold with enter the memory;
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from pipeline.erl.interface import (
+    Attempts,
     FirstAttempts,
     Generated,
     NewRows,
@@ -43,14 +45,15 @@ from pipeline.erl.interface import (
 )
 from pipeline.erl.memory import MemoryEntry, ReflectionMemory
 from pipeline.erl.prompts import (
-    as_completion,
+    attempt_text,
+    lesson_in_system,
     memory_text,
     prompt_key,
     prompt_text,
     reflection_prompt,
     retry_prompt,
+    task_prompt,
 )
-from rewards import completion_text
 
 NO_FEEDBACK = "No feedback available; the reward was below the target."
 
@@ -114,10 +117,13 @@ def call_feedback(
     **context: Any,
 ) -> list[str]:
     """`func`'s feedback for each completion, called like a TRL reward function (the rows'
-    columns as lists, plus `context`: trainer_state, log_extra, log_metric); without a
-    `func`, a stock line. A wrong count or a non-string is a ValueError naming `func`."""
+    columns as lists, plus `context`: trainer_state, log_extra, log_metric, and
+    `environments` after an episode); without a `func`, each environment's `feedback`
+    property where it has one, else a stock line. A wrong count or a non-string is a
+    ValueError naming `func`."""
     if func is None:
-        return [NO_FEEDBACK] * len(prompts)
+        environments = context.get("environments") or [None] * len(prompts)
+        return [environment_feedback(environment) for environment in environments]
     columns = {
         key: [row[key] for row in rows]
         for key in rows[0]
@@ -141,6 +147,20 @@ def call_feedback(
     if bad:
         raise ValueError(f"feedback_func '{name}' must return strings, got {bad[0]}")
     return list(feedback)
+
+
+def environment_feedback(environment: Any) -> str:
+    """An environment's `feedback` (a property or attribute: TRL offers every public
+    method as a tool, so a method would be shown to the model), else the stock line."""
+    feedback = getattr(environment, "feedback", None)
+    if feedback is None:
+        return NO_FEEDBACK
+    if not isinstance(feedback, str):
+        raise ValueError(
+            f"{type(environment).__name__}.feedback must be a string (a property or an "
+            f"attribute), got {type(feedback).__name__}"
+        )
+    return feedback
 
 
 # The step -----------------------------------------------------------------------------
@@ -230,7 +250,7 @@ class ERLStep:
         plan = self._plan(processes, first, chosen, len(gated))
         feedback = self._feedback(backend, first, plan.reflecting)
         shown = self._shown_per_row(processes, plan.reflecting, step)
-        reflections = self._reflect(backend, first, plan.reflecting, feedback, shown)
+        reflections, cut = self._reflect(backend, first, plan.reflecting, feedback, shown)
         lessons = [text.strip() for text in reflections.texts]
         retries, r2 = self._retry(
             backend, chosen, self._lessons_per_retry(processes, plan, lessons)
@@ -247,6 +267,7 @@ class ERLStep:
         rows = self._new_rows(backend, plan, chosen, reflections, retries, advantages, success)
         internalized = sum(success) if self._internalizing() else 0
         metrics = self._metrics(backend, plan, r2, scored, success, internalized, rows)
+        metrics["erl/attempts_cut"] = _global_sum(processes, cut, r2)
         return rows, metrics
 
     # ---- Gate: r1 below the threshold (NaN never).
@@ -315,11 +336,13 @@ class ERLStep:
     # ---- Feedback: one string per reflecting first attempt.
 
     def _feedback(self, backend, first: FirstAttempts, chosen: Gated) -> list[str]:
+        environments = first.environments
         return backend.feedback(
             chosen.rows,
             chosen.prompts,
             [first.completions[i] for i in chosen.index],
             [first.completion_ids[i] for i in chosen.index],
+            environments=[environments[i] for i in chosen.index] if environments else None,
         )
 
     # ---- Reflect: one reflection per row, its prompt showing what the memory picks.
@@ -332,24 +355,29 @@ class ERLStep:
             for number, text in enumerate(chosen.texts)
         ]
 
-    def _reflect(self, backend, first, chosen: Gated, feedback, shown) -> Generated:
+    def _reflect(self, backend, first, chosen: Gated, feedback, shown) -> tuple[Generated, int]:
+        """The reflections, and how many of the attempts they were shown were cut."""
         s = self.settings
+        attempts = [
+            attempt_text(first.completions[i], s.reflection_attempt_max_chars) for i in chosen.index
+        ]
         prompts = [
             reflection_prompt(
                 prompt,
                 s.reflection_system_prompt,
-                attempt=completion_text(first.completions[i]),
+                attempt=attempt,
                 feedback=text,
                 reward=r1,
                 memory=memory_text([e.reflection for e in entries]),
             )
-            for prompt, i, text, r1, entries in zip(
-                chosen.prompts, chosen.index, feedback, chosen.r1.tolist(), shown
+            for prompt, (attempt, _), text, r1, entries in zip(
+                chosen.prompts, attempts, feedback, chosen.r1.tolist(), shown
             )
         ]
-        return backend.generate(
+        reflections = backend.generate(
             prompts, s.reflection_max_completion_length or s.max_completion_length
         )
+        return reflections, sum(cut for (_, cut), ok in zip(attempts, chosen.valid) if ok)
 
     def memory_for(self, text: str, rng: random.Random | None = None) -> str:
         """The `{memory}` of a reflection prompt for `text` (what the memory shows it)."""
@@ -358,20 +386,24 @@ class ERLStep:
     # ---- Retry, scored by the reward functions against the ORIGINAL row (answer and
     # metadata columns); `attempt` tells them (and their logs) that these are retries.
 
-    def _retry(self, backend, chosen: Gated, lessons: list[str]) -> tuple[Generated, torch.Tensor]:
-        s = self.settings
-        retries = backend.generate(
-            [
-                retry_prompt(p, s.retry_system_prompt, lesson)
-                for p, lesson in zip(chosen.prompts, lessons)
-            ],
-            s.max_completion_length,
-        )
+    def _retry(self, backend, chosen: Gated, lessons: list[str]) -> tuple[Attempts, torch.Tensor]:
+        template = self.settings.retry_system_prompt
+        if backend.episodic:  # a fresh episode from the row, the lesson as its rulebook
+            prompts = [
+                lesson_in_system(task_prompt(row), template, lesson)
+                for row, lesson in zip(chosen.rows, lessons)
+            ]
+        else:
+            prompts = [
+                retry_prompt(p, template, lesson) for p, lesson in zip(chosen.prompts, lessons)
+            ]
+        retries = backend.attempt(chosen.rows, prompts)
         r2 = backend.score(
             [{**row, "attempt": 2} for row in chosen.rows],
-            chosen.prompts,
-            [as_completion(p, text) for p, text in zip(chosen.prompts, retries.texts)],
-            retries.completion_ids,
+            retries.prompts,
+            retries.completions,
+            retries.generated.completion_ids,
+            environments=retries.environments,
         )
         return retries, r2
 
@@ -487,27 +519,34 @@ class ERLStep:
             backend.trainable(reflections.completion_ids),
             list(reflections.logprobs),
         )
+        tried = retries.generated
         rows.extend(
             NewRows(
-                retries.prompt_ids,
-                retries.completion_ids,
+                tried.prompt_ids,
+                tried.completion_ids,
                 list(for_retries),
                 list(chosen.valid),
-                backend.trainable(retries.completion_ids),
-                list(retries.logprobs),
+                backend.trainable(tried.completion_ids),
+                list(tried.logprobs),
+                list(retries.tool_masks),
             )
         )
         kept = [i for i, ok in enumerate(success) if ok] if self._internalizing() else []
         if kept:
-            kept_ids = [retries.completion_ids[i] for i in kept]
-            # Not sampled from the original prompt: no sampling log-probs (ratio 1, exact CE).
+            kept_ids = [tried.completion_ids[i] for i in kept]
+            # The retry's trajectory under the task's own prompt (an episode's, its tool
+            # results still masked). Not sampled from that prompt: no sampling log-probs
+            # (ratio 1, exact CE).
             rows.extend(
                 NewRows(
-                    backend.tokenize([chosen.prompts[i] for i in kept]),
+                    backend.tokenize(
+                        [retries.prompts[i] for i in kept], [chosen.rows[i] for i in kept]
+                    ),
                     kept_ids,
                     [self.settings.internalization_coef] * len(kept),
                     [True] * len(kept),
                     backend.trainable(kept_ids),
+                    tool_masks=[retries.tool_masks[i] for i in kept],
                 )
             )
         return rows
@@ -554,8 +593,14 @@ class ERLStep:
         and not others would hang sharded (FSDP/ZeRO-3) training. A process without
         internalization rows scores one of its other rows, counted for nothing."""
         count = max(internalized, 1)
-        nll = backend.mean_token_nll(rows.prompt_ids[-count:], rows.completion_ids[-count:])
-        tokens = sum(len(ids) for ids in rows.completion_ids[-count:]) if internalized else 0
+        masks = rows.tool_masks[-count:]
+        nll = backend.mean_token_nll(rows.prompt_ids[-count:], rows.completion_ids[-count:], masks)
+        tokens = 0
+        if internalized:  # the model's own tokens, as the NLL counts them
+            tokens = sum(
+                len(ids) if mask is None else sum(mask)
+                for ids, mask in zip(rows.completion_ids[-count:], masks)
+            )
         if nll is None:
             nll, tokens = 0.0, 0
         total, all_tokens = backend.processes.sum(

@@ -9,8 +9,9 @@ is `pipeline.erl.step`, written against a small interface; this module is the gl
   merged chunk in micro-batches (`pipeline.erl.loss`), sized by the memory budget
   (`pipeline.erl.budget`);
 - `_Backend`, the step's interface over the trainer: TRL's own single-turn generation
-  (vLLM/Unsloth fast generation included) in as few calls as the budget allows, its reward
-  functions, tokenizer and the accelerator's collectives;
+  (vLLM/Unsloth fast generation included) in as few calls as the budget allows, and with
+  tools or environments TRL's own tool loop for a retry's episode; its reward functions,
+  tokenizer and the accelerator's collectives;
 - the guards (what ERL cannot train), and save/load of the reflection memory.
 
 Evaluation never reflects: deployment sees first attempts only. The class is defined at
@@ -20,6 +21,8 @@ the base is Unsloth's generated GRPOTrainer (it rebinds `trl.GRPOTrainer`).
 
 from __future__ import annotations
 
+import copy
+import inspect
 import logging
 import os
 from collections import deque
@@ -44,16 +47,17 @@ from pipeline.erl.batch import (  # noqa: E402
     INERT_KEY,
     NewRows,
     completion_layout,
+    loss_mask,
     merge_rows,
     pad_rows,
 )
 from pipeline.erl.budget import MemoryModel, StepBudget  # noqa: E402
 from pipeline.erl.config import ERLConfig  # noqa: E402
-from pipeline.erl.interface import FirstAttempts, Generated  # noqa: E402
+from pipeline.erl.interface import Attempts, FirstAttempts, Generated  # noqa: E402
 from pipeline.erl.loss import chunk_entropy_mask, merged_chunk_loss  # noqa: E402
 from pipeline.erl.memory import ReflectionMemory  # noqa: E402
 from pipeline.erl.micro_batches import reference_tokens, split_plan  # noqa: E402
-from pipeline.erl.prompts import prompt_key  # noqa: E402
+from pipeline.erl.prompts import as_completion, prompt_key, task_prompt  # noqa: E402
 from pipeline.erl.step import (  # noqa: E402
     ERLStep,
     RetryAdvantages,
@@ -61,9 +65,14 @@ from pipeline.erl.step import (  # noqa: E402
     retry_advantages,
 )
 from pipeline.erl.upstream import (  # noqa: E402
+    first_turns,
     reference_logps,
+    render_prompt,
+    reset_arguments,
+    rollout_tools,
     trainable_completions,
     weighted_reward,
+    with_observation,
 )
 from pipeline.models.loading import add_mode_switches  # noqa: E402
 from pipeline.models.quantization import (  # noqa: E402
@@ -86,9 +95,11 @@ _UNSLOTH_BATCH_OPTIONS = (
 class ERLTrainer(GRPOTrainer):
     """GRPOTrainer plus reflection, retry, memory and internalization (Experiential RL).
 
-    Takes every GRPOTrainer argument; `args` must be an `ERLConfig`, and
+    Takes every GRPOTrainer argument (`tools=` and `environment_factory=` included; not
+    `rollout_func=`, see docs/erl.md); `args` must be an `ERLConfig`, and
     `feedback_func(prompts, completions, **columns) -> list[str]` (the reward-function
-    signature) explains to the model what went wrong with each completion.
+    signature, `environments=` included after episodes) explains to the model what went
+    wrong with each completion. Without one, an environment's `feedback` property is read.
 
     Hooks, for what is still being tried (the learning bench's arms): `memory`, the
     `ReflectionMemory` to read and fill (default `ReflectionMemory.from_config(args)`; one
@@ -119,6 +130,8 @@ class ERLTrainer(GRPOTrainer):
         if not isinstance(model, str):
             add_mode_switches(model)  # before the base's __init__, which reads the precision mark
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        if feedback_func is None and self.environment_factories is not None:
+            _refuse_feedback_methods(self._environment_pool)
         if not unsloth_trainer_active():
             # TRL's __init__ casts a quantized model's adapter to bf16, which freezes lora_A at
             # small learning rates and makes a resume come back in float32; Unsloth's trainer
@@ -148,6 +161,10 @@ class ERLTrainer(GRPOTrainer):
         )
         self._backend = _Backend(self)
         self._generate_calls = 0  # reflection and retry generate calls since the last log
+        self._retry_tool_calls = 0  # tool calls of retry episodes since the last log
+        # Retries' environments, apart from TRL's pool so that the first attempts' stay as
+        # their episodes left them; made once and reset per retry, as TRL's are.
+        self._retry_pool: dict[str | None, list] = {}
         self._captured: list[FirstAttempts] | None = None  # open during the base's generation
         # Bounded: only a consumer such as the curriculum callback empties it.
         self._first_attempt_log: deque[tuple[float, dict]] = deque(
@@ -169,7 +186,10 @@ class ERLTrainer(GRPOTrainer):
         if self._captured is not None:  # GRPO scoring its first attempts: hand them to ERL
             r1 = weighted_reward(self._local(rewards_per_func), self.reward_weights)
             ids = list(completion_ids_list)  # as the reward functions got them
-            self._captured.append(FirstAttempts(inputs, prompts, completions, ids, r1))
+            environments = list(self.environments) if self.environments is not None else None
+            self._captured.append(
+                FirstAttempts(inputs, prompts, completions, ids, r1, environments)
+            )
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
@@ -196,6 +216,9 @@ class ERLTrainer(GRPOTrainer):
             output = self._merge_rows(output, result.rows)
         metrics["erl/generate_calls"].append(float(self._generate_calls))
         self._generate_calls = 0
+        if self._backend.episodic:
+            metrics["erl/retry_tool_calls"].append(float(self._retry_tool_calls))
+            self._retry_tool_calls = 0
         return output
 
     def _merge_rows(self, output: dict, rows: NewRows) -> dict:
@@ -266,38 +289,149 @@ class ERLTrainer(GRPOTrainer):
         as the memory budget allows (`pipeline.erl.budget`), each measured while the budget
         calibrates."""
         prompt_ids = self._prompt_ids(prompts)
+        completion_ids, logprobs = [], []
+        for rows in self._generation_calls(prompt_ids, max_new_tokens):
+            ids, lps = self._generate_single_turn([prompt_ids[i] for i in rows], None, {}, 1)
+            completion_ids += [list(c) for c in ids]
+            logprobs += [list(lp) for lp in lps] if lps is not None else [None] * len(rows)
+        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        return Generated(prompt_ids, completion_ids, texts, logprobs)
+
+    def _generation_calls(
+        self, prompt_ids: list, max_new_tokens: int, span: int | None = None
+    ) -> Iterator[list[int]]:
+        """The rows of each generate call at `max_new_tokens`: as few calls as the memory
+        budget allows for `span` tokens past each prompt (default `max_new_tokens`), one
+        under vLLM, which manages its own cache; each measured while the budget calibrates.
+        Every process makes as many calls."""
         lengths = [len(p) for p in prompt_ids]
+        span = span or max_new_tokens
         if self.use_vllm:
             plan = [list(range(len(prompt_ids)))]
         else:
-            plan = self.budget.plan_generation(lengths, max_new_tokens)
+            plan = self.budget.plan_generation(lengths, span)
             if self.accelerator.num_processes > 1:  # ZeRO-3 gathers weights per call
                 count = self.accelerator.gather(torch.tensor([len(plan)], device=self.model.device))
                 plan = split_plan(plan, int(count.max()))
         self._generate_calls += len(plan)
-        completion_ids, logprobs = [], []
         with self._generation_length(max_new_tokens):
             for rows in plan:
-                call = [prompt_ids[i] for i in rows]
                 if self.use_vllm:
-                    ids, lps = self._generate_single_turn(call, None, {}, 1)
-                else:
-                    longest = max(lengths[i] for i in rows)
-                    with self.budget.generate_call(len(rows), longest, max_new_tokens):
-                        ids, lps = self._generate_single_turn(call, None, {}, 1)
-                completion_ids += [list(c) for c in ids]
-                logprobs += [list(lp) for lp in lps] if lps is not None else [None] * len(rows)
-        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        return Generated(prompt_ids, completion_ids, texts, logprobs)
+                    yield rows
+                    continue
+                longest = max(lengths[i] for i in rows)
+                with self.budget.generate_call(len(rows), longest, span):
+                    yield rows
 
-    def _prompt_ids(self, prompts: list) -> list[list[int]]:
+    def _episodes(self, rows: list[dict], prompts: list) -> Attempts:
+        """One episode per row from `prompts` (the retry prompts) through TRL's tool loop,
+        at its turn limit: in a fresh environment reset with the row (its text appended to
+        the prompt, as TRL does), with the tools the row's rollout may call."""
+        environments = self._retry_environments(rows)
+        tasks = [task_prompt(row) for row in rows]
+        prompts = copy.deepcopy(prompts)
+        if environments is not None:
+            for i, (environment, row) in enumerate(zip(environments, rows)):
+                text = environment.reset(**reset_arguments(row, self._multi_environment))
+                prompts[i] = with_observation(prompts[i], text)
+                tasks[i] = with_observation(tasks[i], text)
+        prompt_ids = self._prompt_ids(prompts, rows)
+        length = self.max_completion_length
+        completion_ids: list = [None] * len(rows)
+        logprobs: list = [None] * len(rows)
+        completions: list = [None] * len(rows)
+        tool_masks: list = [None] * len(rows)
+        # A turn after a tool result continues from up to `length` completion tokens and
+        # may generate `length` more: the budget plans each call for both.
+        for chunk in self._generation_calls(prompt_ids, length, span=2 * length):
+            ids, lps = self._generate_single_turn([prompt_ids[i] for i in chunk], None, {}, 1)
+            ids = [list(c) for c in ids]
+            turns = first_turns(self, [prompt_ids[i] for i in chunk], ids)
+            masks = None
+            if self.tools:
+                tools = [rollout_tools(self._standalone_tools, _at(environments, i)) for i in chunk]
+                masks, turns, ids, lps = self._tool_loop(
+                    [copy.deepcopy(prompts[i]) for i in chunk],
+                    [prompt_ids[i] for i in chunk],
+                    ids,
+                    turns,
+                    lps,
+                    tools,
+                )
+            for j, i in enumerate(chunk):
+                completion_ids[i], completions[i] = ids[j], turns[j]
+                logprobs[i] = list(lps[j]) if lps is not None else None
+                tool_masks[i] = list(masks[j]) if masks is not None else None
+        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        generated = Generated(prompt_ids, completion_ids, texts, logprobs)
+        return Attempts(generated, tasks, completions, tool_masks, environments)
+
+    def _tool_loop(self, prompts, prompt_ids, completion_ids, turns, logprobs, tools):
+        """TRL's tool loop over these rollouts, with their tools in the per-rollout tool
+        dicts it reads (the first attempts' are put back after)."""
+        saved = getattr(self, "_sync_tool_dicts", None), getattr(self, "_async_tool_dicts", None)
+        self._sync_tool_dicts = [sync for sync, _ in tools]
+        self._async_tool_dicts = [asynchronous for _, asynchronous in tools]
+        try:
+            masks, turns, completion_ids, logprobs, calls, *_ = self._tool_call_loop(
+                prompts, prompt_ids, completion_ids, turns, logprobs, None, {}
+            )
+        finally:
+            self._sync_tool_dicts, self._async_tool_dicts = saved
+        self._retry_tool_calls += calls
+        return masks, turns, completion_ids, logprobs
+
+    def _retry_environments(self, rows: list[dict]) -> list | None:
+        """One environment per row from the retries' own pool (None without a factory)."""
+        if self.environment_factories is None:
+            return None
+        handed: dict[str | None, int] = {}
+        environments = []
+        for row in rows:
+            name = row.get("environment") if self._multi_environment else None
+            pool = self._retry_pool.setdefault(name, [])
+            index = handed.get(name, 0)
+            if index == len(pool):
+                pool.append(self.environment_factories[name]())
+            handed[name] = index + 1
+            environments.append(pool[index])
+        return environments
+
+    def _prompt_ids(self, prompts: list, rows: list[dict] | None = None) -> list[list[int]]:
         """The token ids TRL feeds the policy for each prompt (its chat template), each
-        distinct prompt tokenized once: the retries of a shared reflection repeat one."""
-        keys = [prompt_key(prompt) for prompt in prompts]
-        distinct = {key: prompt for key, prompt in zip(keys, prompts)}
-        ids, _, _ = self._tokenize_prompts(list(distinct.values()))
-        by_key = dict(zip(distinct, ids))
-        return [list(by_key[key]) for key in keys]  # a list of its own per row
+        distinct prompt tokenized once: the retries of a shared reflection repeat one.
+
+        With tools, a prompt of a task's `rows` shows the tools its rollout may call (its
+        environment's), and one without rows (a reflection) shows none."""
+        if not self.tools:
+            keys = [prompt_key(prompt) for prompt in prompts]
+            distinct = {key: prompt for key, prompt in zip(keys, prompts)}
+            ids, _, _ = self._tokenize_prompts(list(distinct.values()))
+            by_key = dict(zip(distinct, ids))
+            return [list(by_key[key]) for key in keys]  # a list of its own per row
+        names = (
+            [self._tool_set(row) for row in rows] if rows is not None else [False] * len(prompts)
+        )
+        rendered: dict[tuple, list[int]] = {}
+        result = []
+        for prompt, name in zip(prompts, names):
+            key = (prompt_key(prompt), name)
+            if key not in rendered:
+                tools = None if name is False else self._tools_of(name)
+                rendered[key] = render_prompt(self, prompt, tools)
+            result.append(list(rendered[key]))
+        return result
+
+    def _tool_set(self, row: dict):
+        """Which tools a row's rollout is shown: its environment's name (None: the one
+        environment, or the standalone tools)."""
+        return row.get("environment") if self._multi_environment else None
+
+    def _tools_of(self, name) -> list:
+        """The tools shown to a rollout of environment `name` (TRL's per-example schema)."""
+        if self.environment_factories is not None:
+            return self._env_tools[name]
+        return self.tools
 
     @contextmanager
     def _generation_length(self, max_new_tokens: int) -> Iterator[None]:
@@ -340,6 +474,11 @@ class ERLTrainer(GRPOTrainer):
         return gathered[start : start + n]
 
 
+def _at(items: list | None, index: int):
+    """`items[index]`, or None without items."""
+    return None if items is None else items[index]
+
+
 class _Processes:
     """The ERL step's collectives (`pipeline.erl.interface.Processes`) over the accelerator."""
 
@@ -363,22 +502,39 @@ class _Backend:
     def __init__(self, trainer: ERLTrainer) -> None:
         self.trainer = trainer
         self.processes = _Processes(trainer.accelerator)
+        self.episodic = bool(trainer.tools) or trainer.environment_factories is not None
 
     def generate(self, prompts: list, max_new_tokens: int) -> Generated:
         return self.trainer._generate_rows(prompts, max_new_tokens)
 
-    def score(self, rows, prompts, completions, completion_ids) -> torch.Tensor:
+    def attempt(self, rows: list[dict], prompts: list) -> Attempts:
         trainer = self.trainer
-        rewards = trainer._calculate_rewards(rows, prompts, completions, completion_ids)
+        if self.episodic:
+            return trainer._episodes(rows, prompts)
+        generated = trainer._generate_rows(prompts, trainer.max_completion_length)
+        tasks = [task_prompt(row) for row in rows]
+        completions = [as_completion(task, text) for task, text in zip(tasks, generated.texts)]
+        return Attempts(generated, tasks, completions, [None] * len(rows))
+
+    def score(self, rows, prompts, completions, completion_ids, environments=None):
+        trainer = self.trainer
+        # The reward functions (an environment's get_reward among them) read the retries'
+        # environments where TRL keeps the first attempts'.
+        saved, trainer.environments = trainer.environments, environments
+        try:
+            rewards = trainer._calculate_rewards(rows, prompts, completions, completion_ids)
+        finally:
+            trainer.environments = saved
         # That call queued completion-table columns and metrics for these rows; GRPO already
         # flushed the first attempts', and retries have no place in its table.
         trainer._pending_extra_logs.clear()
         trainer._pending_metrics.clear()
         return weighted_reward(trainer._local(rewards), trainer.reward_weights)
 
-    def feedback(self, rows, prompts, completions, completion_ids) -> list[str]:
+    def feedback(self, rows, prompts, completions, completion_ids, environments=None):
         # What it logs through log_extra/log_metric is dropped with the retries' logs (`score`).
         trainer = self.trainer
+        context = {} if environments is None else {"environments": environments}
         return call_feedback(
             trainer.feedback_func,
             rows,
@@ -388,26 +544,25 @@ class _Backend:
             trainer_state=trainer.state,
             log_extra=trainer._log_completion_extra,
             log_metric=trainer._log_metric,
+            **context,
         )
 
-    def tokenize(self, prompts: list) -> list[list[int]]:
-        return self.trainer._prompt_ids(prompts)
+    def tokenize(self, prompts: list, rows: list[dict]) -> list[list[int]]:
+        return self.trainer._prompt_ids(prompts, rows)
 
     def trainable(self, completion_ids: list[list[int]]) -> list[bool]:
         return trainable_completions(self.trainer, completion_ids)
 
-    def mean_token_nll(self, prompt_ids, completion_ids) -> float | None:
+    def mean_token_nll(self, prompt_ids, completion_ids, tool_masks) -> float | None:
         trainer = self.trainer
         count = len(prompt_ids)
-        batch = pad_rows(
-            NewRows(prompt_ids, completion_ids, [0.0] * count, [True] * count, [True] * count),
-            trainer._tokenizer.pad_token_id,
-            trainer.accelerator.device,
-        )
+        rows = NewRows(prompt_ids, completion_ids, [0.0] * count, [True] * count, [True] * count)
+        rows.tool_masks = list(tool_masks)
+        batch = pad_rows(rows, trainer._tokenizer.pad_token_id, trainer.accelerator.device)
         logps = trainer._logps(trainer.model, batch)
         if logps is None:
             return None
-        mask = batch["completion_mask"]
+        mask = loss_mask(batch)
         logps = completion_layout(logps, batch["prompt_mask"], mask.size(1))
         return (-(logps * mask).sum() / mask.sum().clamp(min=1)).item()
 
@@ -434,9 +589,13 @@ def _refuse_unsupported(model, args, feedback_func, memory, kwargs: dict) -> Non
             "ERLTrainer's select_reflecting= hook was removed: ERLConfig.reflections_per_group "
             "chooses which gated first attempts reflect"
         )
-    for unsupported in ("tools", "rollout_func", "environment_factory"):
-        if kwargs.get(unsupported) is not None:
-            raise ValueError(f"ERLTrainer does not support {unsupported}= (multi-turn rollouts)")
+    if kwargs.get("rollout_func") is not None:
+        raise ValueError(
+            "ERLTrainer does not support rollout_func=: a retry is a fresh episode of the same "
+            "row with the reflection in its prompt, which ERL cannot start inside a rollout "
+            "function that owns its prompts' rendering and its environments; use "
+            "environment_factory= or tools= (docs/erl.md, 'Agents')"
+        )
     if unsloth_trainer_active():
         if isinstance(model, str):
             raise TypeError(
@@ -452,6 +611,20 @@ def _refuse_unsupported(model, args, feedback_func, memory, kwargs: dict) -> Non
             raise ValueError(
                 f"ERLTrainer does not support {', '.join(enabled)} (Unsloth adds batch keys "
                 "for it that ERL's reflection and retry rows do not carry); unset it"
+            )
+
+
+def _refuse_feedback_methods(pools: dict) -> None:
+    """An environment's feedback is read from a `feedback` property: a method of that name
+    would be offered to the model as a tool by TRL (every public method is one)."""
+    for instances in pools.values():
+        kind = type(instances[0])
+        if inspect.isfunction(inspect.getattr_static(kind, "feedback", None)):
+            raise ValueError(
+                f"{kind.__name__}.feedback is a method, which TRL offers to the model as a "
+                "tool (every public method of an environment is one); ERLTrainer reads an "
+                "environment's feedback from a property: make it @property, or pass "
+                "feedback_func="
             )
 
 

@@ -10,9 +10,12 @@ each copy follows.
 
 from __future__ import annotations
 
+import inspect
 import math
+from typing import Any
 
 import torch
+from trl.chat_template_utils import parse_response
 from trl.trainer.utils import use_adapter
 
 # TRL 1.15.0, GRPOTrainer._compute_advantages ("sum_then_normalize"): the scalar reward, a
@@ -131,3 +134,77 @@ def returned_loss_scale(trainer, num_items_in_batch) -> float:
     ) and trainer.compute_loss_func is None:
         return 1.0 / trainer.current_gradient_accumulation_steps
     return 1.0
+
+
+# TRL 1.15.0, GRPOTrainer._generate_and_score_completions: an episode's environment reset
+# with the dataset row (less the routing `environment` field when environments are mixed),
+# its text appended to the prompt's last message, and the tools its rollout may call (the
+# standalone tools plus the environment's public methods but reset and get_reward).
+
+
+def reset_arguments(row: dict, multi_environment: bool) -> dict:
+    """What `reset(**...)` gets for a dataset row."""
+    return {k: v for k, v in row.items() if k != "environment"} if multi_environment else row
+
+
+def with_observation(prompt: list, observation: Any) -> list:
+    """`prompt` with a reset's text appended to its last message (None: as it is); the
+    last message is rebuilt, not changed in place."""
+    if observation is None:
+        return prompt
+    content = prompt[-1]["content"]
+    if isinstance(observation, list) and isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if isinstance(observation, str) and isinstance(content, list):
+        observation = [{"type": "text", "text": observation}]
+    return prompt[:-1] + [{**prompt[-1], "content": content + observation}]
+
+
+def rollout_tools(standalone: list, environment: Any) -> tuple[dict, dict]:
+    """(sync, async) tools by name for one rollout in `environment` (None: the standalone
+    tools only)."""
+    methods = []
+    if environment is not None:
+        methods = [
+            getattr(environment, name)
+            for name, _ in inspect.getmembers(type(environment), predicate=inspect.isfunction)
+            if name not in ("reset", "get_reward") and not name.startswith("_")
+        ]
+    sync, asynchronous = {}, {}
+    for tool in [*standalone, *methods]:
+        (asynchronous if inspect.iscoroutinefunction(tool) else sync)[tool.__name__] = tool
+    return sync, asynchronous
+
+
+# TRL 1.15.0, GRPOTrainer._tokenize_prompts and _generate: one conversation rendered with
+# the tools its rollout may call, and a first turn decoded with `parse_response` (tool
+# calls included) where the tokenizer has a response template.
+
+
+def render_prompt(trainer, prompt: list, tools: list | None) -> list[int]:
+    """The token ids GRPOTrainer feeds the policy for a conversational prompt."""
+    rendered = trainer.processing_class.apply_chat_template(
+        conversation=[prompt],
+        tools=tools or None,  # `or None`, as TRL: a Llama template renders tools=[] too
+        chat_template=trainer.chat_template,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        **trainer.chat_template_kwargs,
+    )
+    return list(rendered["input_ids"][0])
+
+
+def first_turns(trainer, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list:
+    """Each completion as TRL's tool loop starts from it: a one-message conversation."""
+    tokenizer = trainer._tokenizer
+    if (
+        getattr(tokenizer, "response_template", None) is not None
+        or getattr(tokenizer, "response_schema", None) is not None
+    ):
+        return [
+            [parse_response(tokenizer, ids, prefix=prompt)]
+            for prompt, ids in zip(prompt_ids, completion_ids)
+        ]
+    texts = trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+    return [[{"role": "assistant", "content": text}] for text in texts]

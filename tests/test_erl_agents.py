@@ -1,0 +1,282 @@
+"""ERLTrainer on agents: TRL's `environment_factory` (and `tools`), multi-turn episodes.
+
+The environment is `tests/agent_env.py`'s GuessEnv, written as a user outside the project
+writes one for GRPOTrainer; the model is the tiny tool-calling model after its SFT warm-up
+on the environment's own solutions (`tool_model_dir`), so episodes hold real tool calls.
+Runs on whichever base trainer this process has; tests/test_unsloth_trainer.py runs it
+again on Unsloth's generated trainer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from agent_env import GuessEnv, guess_dataset
+from test_erl_bases import load_model
+
+from pipeline import ERLConfig, ERLTrainer
+from pipeline.erl.batch import INERT_KEY
+from pipeline.models.backend import unsloth_trainer_active
+from rewards import completion_text
+
+UNSLOTH = unsloth_trainer_active()
+GATE = 3.0  # above what a first attempt can score (the environment's 0/1 + under 1)
+
+
+class RecordingGuessEnv(GuessEnv):
+    """GuessEnv that logs every reset: (instance id, target)."""
+
+    resets: list[tuple[int, int]] = []
+
+    def reset(self, **row) -> str:
+        RecordingGuessEnv.resets.append((id(self), row["target"]))
+        return super().reset(**row)
+
+
+def spread_reward(completions, attempt=None, **kwargs) -> list[float]:
+    """Under 1 by length for first attempts (GRPO has a spread); retries (`attempt` 2)
+    score GATE + 2 and more: with reward_threshold GATE every first attempt is gated and
+    every retry succeeds, so every kind of row is trained."""
+    base = [(len(completion_text(c)) % 4) / 4 for c in completions]
+    if attempt is None:
+        return base
+    return [GATE + 2 + b for b in base]
+
+
+def agent_args(tmp_path, config_cls=ERLConfig, **overrides):
+    from transformers import AutoTokenizer
+
+    pad = AutoTokenizer.from_pretrained(overrides.pop("model_dir")).pad_token_id
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=48,
+        max_tool_calling_iterations=4,
+        max_steps=1,
+        learning_rate=1e-3,
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        optim="adamw_torch",
+        gradient_accumulation_steps=1,
+        gradient_checkpointing=False,
+        loss_type="dapo",
+        beta=0.0,
+        mask_truncated_completions=False,
+        # Unsloth's loss takes a pad id inside a completion for padding: keep the sampler
+        # off it, as a trained model is.
+        generation_kwargs={"suppress_tokens": [pad]},
+    )
+    if config_cls is ERLConfig:
+        settings.update(reward_threshold=GATE, reflections_per_group=0)
+        settings["reflection_max_completion_length"] = 16
+    settings.update(overrides)
+    return config_cls(**settings)
+
+
+def agent_trainer(model_dir, tmp_path, environment=RecordingGuessEnv, **overrides):
+    return ERLTrainer(
+        model=load_model(model_dir),
+        args=agent_args(tmp_path, model_dir=model_dir, **overrides),
+        train_dataset=guess_dataset(16, seed=1),
+        reward_funcs=spread_reward,
+        environment_factory=environment,
+    )
+
+
+def rows_of(output, key, mask_key):
+    """Each row's tokens of `key`, its padding (by `mask_key`) left out."""
+    return [
+        [t for t, m in zip(ids.tolist(), mask.tolist()) if m]
+        for ids, mask in zip(output[key], output[mask_key])
+    ]
+
+
+@pytest.fixture
+def one_batch(tool_model_dir, tmp_path):
+    """One gated generation batch on GuessEnv: the trainer, what the feedback function and
+    the reflections were given, and the merged batch."""
+    from conftest import first_generation_batch
+
+    RecordingGuessEnv.resets.clear()
+    seen: dict[str, list] = {"completions": [], "environments": [], "reflections": []}
+
+    def feedback(completions, environments, **kwargs):
+        seen["completions"] += completions
+        seen["environments"] += environments
+        return [environment.feedback for environment in environments]
+
+    trainer = agent_trainer(tool_model_dir, tmp_path)
+    trainer.feedback_func = feedback
+    generate = trainer._backend.generate
+
+    def recording(prompts, max_new_tokens):
+        seen["reflections"] += [p[-1]["content"] for p in prompts]
+        return generate(prompts, max_new_tokens)
+
+    trainer._backend.generate = recording
+    batch, output = first_generation_batch(trainer)
+    return trainer, batch, seen, output
+
+
+def test_a_retry_is_a_fresh_episode_reset_with_its_first_attempts_row(one_batch):
+    trainer, batch, seen, output = one_batch
+    first_pool = {id(e) for e in trainer._environment_pool[None]}
+    retry_pool = {id(e) for e in trainer._retry_pool[None]}
+    assert first_pool.isdisjoint(retry_pool)  # the first attempts' stay as they ended
+    first = [target for instance, target in RecordingGuessEnv.resets if instance in first_pool]
+    retried = [target for instance, target in RecordingGuessEnv.resets if instance in retry_pool]
+    assert first == [row["target"] for row in batch]
+    assert retried == first  # every row was gated, each retried once, in its order
+
+
+def test_the_reflection_prompt_shows_the_whole_episode_and_its_environments_feedback(one_batch):
+    trainer, batch, seen, output = one_batch
+    assert len(seen["reflections"]) == len(seen["completions"]) == len(batch)
+    results = 0
+    for episode, environment, prompt in zip(
+        seen["completions"], seen["environments"], seen["reflections"]
+    ):
+        assert environment.feedback in prompt  # read from the episode's own environment
+        for message in episode:
+            if message["role"] == "tool":
+                assert f"Result of {message['name']}: {message['content']}" in prompt
+                results += 1
+    assert results > 0, "no first attempt called a tool"
+
+
+def test_internalization_trains_the_retrys_episode_under_the_tasks_own_prompt(one_batch):
+    trainer, batch, seen, output = one_batch
+    n = len(batch)
+    prompts = rows_of(output, "prompt_ids", "prompt_mask")
+    completions = rows_of(output, "completion_ids", "completion_mask")
+    tool_mask = output["tool_mask"].tolist()
+    # GRPO's rows, then reflections, retries and internalized copies, one each per row.
+    assert output["prompt_ids"].size(0) == 4 * n
+    retries, copies = range(2 * n, 3 * n), range(3 * n, 4 * n)
+    for j, (retry, copy) in enumerate(zip(retries, copies)):
+        assert completions[copy] == completions[retry]
+        assert tool_mask[copy] == tool_mask[retry]
+        assert prompts[copy] == prompts[j]  # the first attempt's prompt: tools, reset text
+        assert prompts[retry] != prompts[j]  # the retry's carries the lesson
+    assert any(0 in tool_mask[i] for i in retries), "no retry called a tool"
+
+
+@pytest.mark.skipif(UNSLOTH, reason="Unsloth's fused loss computes log-probs inside its own op")
+def test_tool_results_get_no_gradient_in_any_kind_of_row(one_batch):
+    """The loss's gradient reaches every token the model wrote in GRPO's rows, retries and
+    internalized copies, and no tool result's log-prob in any of them."""
+    trainer, batch, seen, output = one_batch
+    # One forward of the whole chunk (the budget allows GRPO's own forward until it has
+    # measured one), so that its rows are the batch's.
+    trainer.budget.reference_tokens = 10**9
+    trainer.current_gradient_accumulation_steps = 1  # what Trainer's loop sets
+    recorded = []
+    logps_and_entropies = trainer._get_per_token_logps_and_entropies
+
+    def keep(*args, **kwargs):
+        out = logps_and_entropies(*args, **kwargs)  # (log-probs, entropies, router loss)
+        out[0].retain_grad()
+        recorded.append(out[0])
+        return out
+
+    trainer._get_per_token_logps_and_entropies = keep
+    trainer.compute_loss(trainer.model, output).backward()
+    (logps,) = recorded
+    kept = ~output[INERT_KEY]
+    tools = output["tool_mask"][kept][:, : logps.size(1)]
+    written = output["completion_mask"][kept][:, : logps.size(1)].bool()
+    grad = logps.grad
+    n = len(batch)
+    for name, rows in {
+        "GRPO": range(n),
+        "retry": range(2 * n, 3 * n),
+        "copy": range(3 * n, 4 * n),
+    }.items():
+        rows = list(rows)
+        results = written[rows] & (tools[rows] == 0)
+        own = written[rows] & (tools[rows] == 1)
+        assert results.any(), f"no tool result in the {name} rows"
+        assert torch.all(grad[rows][results] == 0), name
+        assert (grad[rows][own] != 0).any(), name
+
+
+def test_gate_closed_trains_exactly_like_grpo_on_an_environment(tool_model_dir, tmp_path):
+    from trl import GRPOConfig, GRPOTrainer
+
+    def run(trainer):
+        initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+        return initial, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+    grpo = GRPOTrainer(
+        model=load_model(tool_model_dir),
+        args=agent_args(tmp_path / "grpo", GRPOConfig, model_dir=tool_model_dir, max_steps=2),
+        train_dataset=guess_dataset(16, seed=1),
+        reward_funcs=spread_reward,
+        environment_factory=GuessEnv,
+    )
+    initial, base = run(grpo)
+    erl_trainer = agent_trainer(
+        tool_model_dir, tmp_path / "erl", GuessEnv, reward_threshold=-1.0, max_steps=2
+    )
+    _, erl = run(erl_trainer)
+    assert any(not torch.equal(initial[n], base[n]) for n in initial), "GRPO did not train"
+    for name in base:
+        assert torch.equal(base[name], erl[name]), name
+    calls = [
+        h["tools/call_frequency"]
+        for h in erl_trainer.state.log_history
+        if "tools/call_frequency" in h
+    ]
+    assert calls and max(calls) > 0
+
+
+def test_rollout_func_is_refused_with_its_reason(tool_model_dir, tmp_path):
+    with pytest.raises(
+        ValueError, match="does not support rollout_func=: a retry is a fresh episode"
+    ):
+        ERLTrainer(
+            model=tool_model_dir,
+            args=agent_args(tmp_path, model_dir=tool_model_dir),
+            train_dataset=guess_dataset(4),
+            reward_funcs=spread_reward,
+            rollout_func=lambda prompts, trainer: {},
+        )
+
+
+class FeedbackMethodEnv(GuessEnv):
+    def feedback(self) -> str:  # a method: TRL would offer it to the model as a tool
+        """What went wrong."""
+        return "no"
+
+
+def test_a_feedback_method_is_refused_since_trl_offers_it_as_a_tool(tool_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="FeedbackMethodEnv.feedback is a method"):
+        agent_trainer(tool_model_dir, tmp_path, FeedbackMethodEnv)
+
+
+def test_a_users_environment_trains_as_the_readme_shows_its_feedback_read_from_it(
+    tool_model_dir, tmp_path
+):
+    """README's agent example: the user's class (written for GRPOTrainer, which trains it
+    unchanged above), no reward_funcs (its get_reward scores) and no feedback_func (its
+    `feedback` property is read), at ERLConfig's defaults but the sizes."""
+    shown = []
+    trainer = ERLTrainer(
+        model=load_model(tool_model_dir),
+        args=agent_args(tmp_path, model_dir=tool_model_dir, max_steps=2, reward_threshold=1.0),
+        train_dataset=guess_dataset(16, seed=2),
+        environment_factory=GuessEnv,
+    )
+    generate = trainer._backend.generate
+    trainer._backend.generate = lambda prompts, n: shown.extend(prompts) or generate(prompts, n)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "erl/gated_fraction" in h]
+    assert len(logged) == 2 and any(h["erl/gated_fraction"] > 0 for h in logged)
+    assert shown and all("; the number was " in p[-1]["content"] for p in shown)
+    assert trainer.reward_func_names == ["GuessEnv"]
