@@ -2,7 +2,7 @@
 
     python bench/erl_overhead.py [--steps 12] [--warmup 3] [--memory_steps 4]
                                  [--backend transformers|unsloth] [--load_in_4bit]
-                                 [--peak_memory_factor 1.5]
+                                 [--peak_memory_factor 1.5] [--environment guess]
 
 Trains GRPOTrainer, ERLTrainer with the gate closed (threshold below every reward) and
 ERLTrainer with every row gated, on the offline tiny model with the same data and seed, in
@@ -41,6 +41,14 @@ interleaved rounds, on one torch thread, and prints one `name: value` line per f
 
 `--backend unsloth` measures on Unsloth's generated GRPOTrainer (on a CPU through the
 `ERL_UNSLOTH_CPU_TRAINER=1` opt-in, which this flag sets); GRPO is then that trainer too.
+
+`--environment guess` measures a multi-turn step: every trainer gets
+`environment_factory=GuessEnv` (tests/agent_env.py, a user's environment: guess a number
+with a `guess` tool, up to 4 turns; its `get_reward` joins the reward), on the tool-calling
+tiny model after its SFT warm-up on the environment's solutions
+(`pipeline.models.tool_warmup`, ~20 s). First attempts are TRL's tool loop; ERL's retries
+are fresh episodes through it. The figures are the same, plus `tool_calls_per_step` (first
+attempts' and retries' calls) and `tool_call_ratio`; generated tokens count every turn's.
 
 `--load_in_4bit` trains the tiny model as the recipes' QLoRA setting does: NF4 through
 bitsandbytes (float32 compute on a CPU) with a LoRA adapter (r 16, alpha 32), loaded by
@@ -88,7 +96,7 @@ from pipeline.models.quantization import undo_qlora_bf16_cast  # noqa: E402
 
 def length_reward(completions, **kwargs):
     """Varies between completions, so every step has a gradient."""
-    return [(len(c[0]["content"]) % 4) / 3 for c in completions]
+    return [(len(c[0].get("content") or "") % 4) / 3 for c in completions]
 
 
 def feedback(completions, **kwargs):
@@ -154,6 +162,11 @@ class Timed:
     def _prepare_inputs(self, *args, **kwargs):
         return self._timed("prepare", super()._prepare_inputs, *args, **kwargs)
 
+    def _tool_call_loop(self, *args, **kwargs):
+        out = super()._tool_call_loop(*args, **kwargs)
+        self.counts["tool_calls"] += out[4]  # (mask, completions, ids, logprobs, calls, ...)
+        return out
+
     def _generate_single_turn(self, prompt_ids, *args, **kwargs):
         out = self._timed("generate", super()._generate_single_turn, prompt_ids, *args, **kwargs)
         new = sum(len(ids) for ids in out[0])
@@ -211,6 +224,20 @@ def build(trainer_cls, args, model_dir, dataset, meter=None, **extra):
     )
     undo_qlora_bf16_cast(trainer.model)  # GRPO's adapter too: both train float32 (a no-op else)
     return trainer
+
+
+def guess_environment(work: Path):
+    """The tool-calling tiny model warmed up on GuessEnv's solutions, 512 rows, and the
+    trainers' `environment_factory` (GuessEnv is tests/agent_env.py's, a user's class)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from agent_env import GuessEnv, guess_dataset, guess_solutions
+
+    from pipeline.models.tool_warmup import environment_tools, warm_up_on_episodes
+
+    base = build_tiny_model(str(work / "tool-base"), tool_calling=True)
+    tools = environment_tools(GuessEnv())
+    model_dir = warm_up_on_episodes(base, guess_solutions(), tools, str(work / "tool-warm"))
+    return model_dir, guess_dataset(512, seed=0), {"environment_factory": GuessEnv}
 
 
 def full_memory_seconds(args, reflections: int, repeats: int = 200) -> dict[str, float]:
@@ -274,7 +301,18 @@ def main() -> None:
     parser.add_argument(
         "--memory_steps", type=int, default=4, help="steps of each separate memory run"
     )
-    parser.add_argument("--max_completion_length", type=int, default=24)
+    parser.add_argument(
+        "--max_completion_length",
+        type=int,
+        default=None,
+        help="default 24; 48 with --environment (an episode's turns share it)",
+    )
+    parser.add_argument(
+        "--environment",
+        choices=("guess",),
+        default=None,
+        help="measure a multi-turn step on GuessEnv (tests/agent_env.py) with tool calls",
+    )
     parser.add_argument(
         "--peak_memory_factor",
         type=float,
@@ -298,12 +336,21 @@ def main() -> None:
     torch.set_num_threads(1)
 
     work = Path(tempfile.mkdtemp(prefix="erl-bench-"))
-    model_dir = build_tiny_model(str(work / "tiny"))
-    dataset = Dataset.from_list(get_task("arithmetic").generate(1, 512, seed=0))
+    gate = 2.0  # above every reward: length_reward is at most 1
+    if opts.environment:
+        model_dir, dataset, environment = guess_environment(work)
+        gate = 3.0  # the environment's get_reward adds up to 1
+        length = opts.max_completion_length or 48
+        episodes = {"max_tool_calling_iterations": 4}
+    else:
+        model_dir = build_tiny_model(str(work / "tiny"))
+        dataset = Dataset.from_list(get_task("arithmetic").generate(1, 512, seed=0))
+        environment, length, episodes = {}, opts.max_completion_length or 24, {}
     common = dict(
         per_device_train_batch_size=opts.batch,
         num_generations=4,
-        max_completion_length=opts.max_completion_length,
+        max_completion_length=length,
+        **episodes,
         max_steps=opts.warmup + opts.steps,
         learning_rate=1e-4,
         bf16=False,
@@ -329,7 +376,7 @@ def main() -> None:
         return cls(output_dir=str(work / name), **{**common, "max_steps": steps}, **erl)
 
     configs = {
-        "grpo": (TimedGRPO, lambda i, n: config(GRPOConfig, f"grpo{i}", n), {}),
+        "grpo": (TimedGRPO, lambda i, n: config(GRPOConfig, f"grpo{i}", n), {**environment}),
         "erl_gate_closed": (
             TimedERL,
             lambda i, n: config(
@@ -339,7 +386,7 @@ def main() -> None:
                 reward_threshold=-1.0,
                 peak_memory_factor=opts.peak_memory_factor,
             ),
-            {"feedback_func": feedback},
+            {"feedback_func": feedback, **environment},
         ),
         "erl_all_gated": (
             TimedERL,
@@ -347,10 +394,10 @@ def main() -> None:
                 ERLConfig,
                 f"gated{i}",
                 n,
-                reward_threshold=2.0,
+                reward_threshold=gate,
                 peak_memory_factor=opts.peak_memory_factor,
             ),
-            {"feedback_func": feedback},
+            {"feedback_func": feedback, **environment},
         ),
     }
     # Interleaved rounds, so that drift in the machine's load affects every variant alike.
@@ -404,6 +451,8 @@ def main() -> None:
         f"(after {opts.warmup} warm-up each), completions/step: {opts.batch}"
     )
     print(f"model: tiny, {'4-bit NF4 + LoRA r16' if LOAD_IN_4BIT else 'float32, full fine-tuning'}")
+    if opts.environment:
+        print(f"environment: {opts.environment} (up to 4 turns), max_completion_length: {length}")
     print(f"median_step_s[grpo]: {grpo_time:.4f}")
     print(f"median_step_s[erl_gate_closed]: {closed_time:.4f}")
     print(f"median_step_s[erl_all_gated]: {gated_time:.4f}")
@@ -418,6 +467,13 @@ def main() -> None:
         print(f"step_per_token_ratio[{kind}]: {gated_time / grpo_time / ratio:.3f}")
     for name in ("grpo", "erl_all_gated"):
         print(f"generate_calls_per_step[{name}]: {count[name, 'generate_calls']:.2f}")
+    if opts.environment:
+        for name in ("grpo", "erl_all_gated"):
+            print(f"tool_calls_per_step[{name}]: {count.get((name, 'tool_calls'), 0.0):.2f}")
+        ratio = count.get(("erl_all_gated", "tool_calls"), 0.0) / max(
+            count.get(("grpo", "tool_calls"), 0.0), 1e-9
+        )
+        print(f"tool_call_ratio: {ratio:.3f}")
     print(f"erl_overhead_share: {outside / total:.3f}")
     for part, seconds in parts.items():
         print(f"erl_overhead_share[{part}]: {seconds / total:.3f}")
