@@ -280,3 +280,58 @@ def test_a_users_environment_trains_as_the_readme_shows_its_feedback_read_from_i
     assert len(logged) == 2 and any(h["erl/gated_fraction"] > 0 for h in logged)
     assert shown and all("; the number was " in p[-1]["content"] for p in shown)
     assert trainer.reward_func_names == ["GuessEnv"]
+
+
+def test_standalone_tools_run_in_the_retries_too(tool_model_dir, tmp_path):
+    """`tools=` without an environment: first attempts and retries call the same function."""
+    from conftest import first_generation_batch
+    from datasets import Dataset
+
+    def guess(number: int) -> str:
+        """Guess the hidden number; the reply is higher, lower or correct.
+
+        Args:
+            number: Your guess, an integer from 0 to 9.
+        """
+        return "correct" if int(number) == 7 else "higher" if int(number) < 7 else "lower"
+
+    task = [{"role": "user", "content": "Guess the number from 0 to 9 with the guess tool."}]
+    trainer = ERLTrainer(
+        model=load_model(tool_model_dir),
+        args=agent_args(tmp_path, model_dir=tool_model_dir),
+        train_dataset=Dataset.from_list([{"prompt": task}] * 16),
+        reward_funcs=spread_reward,
+        tools=[guess],
+    )
+    batch, output = first_generation_batch(trainer)
+    n = len(batch)
+    tool_mask = output["tool_mask"].tolist()
+    assert any(0 in tool_mask[i] for i in range(2 * n, 3 * n)), "no retry called the tool"
+    assert trainer._metrics["train"]["erl/retry_tool_calls"][-1] > 0
+    assert trainer._retry_pool == {}  # no environment to reset
+
+
+class OtherGuessEnv(RecordingGuessEnv):
+    """A second environment for a dict factory (the same game, its own class)."""
+
+
+def test_a_dict_of_factories_gives_each_retry_its_rows_environment(tool_model_dir, tmp_path):
+    from conftest import first_generation_batch
+    from datasets import Dataset
+
+    rows = [dict(r, environment="a" if i % 8 < 4 else "b") for i, r in enumerate(guess_dataset(16))]
+    RecordingGuessEnv.resets.clear()
+    trainer = ERLTrainer(
+        model=load_model(tool_model_dir),
+        args=agent_args(tmp_path, model_dir=tool_model_dir),
+        train_dataset=Dataset.from_list(rows),
+        reward_funcs=spread_reward,
+        environment_factory={"a": RecordingGuessEnv, "b": OtherGuessEnv},
+    )
+    batch, _ = first_generation_batch(trainer)
+    pools = trainer._retry_pool
+    assert {type(e) for e in pools["a"]} == {RecordingGuessEnv}
+    assert {type(e) for e in pools["b"]} == {OtherGuessEnv}
+    by_instance = {id(e): name for name, pool in pools.items() for e in pool}
+    retried = sorted((by_instance[i], t) for i, t in RecordingGuessEnv.resets if i in by_instance)
+    assert retried == sorted((row["environment"], row["target"]) for row in batch)
