@@ -24,8 +24,11 @@ interleaved rounds, on one torch thread, and prints one `name: value` line per f
                              [memory] the reflection memory (what it shows, records, admits),
                              [scoring] the retries' rewards and the feedback, [tokenizing]
                              chat templates and tokenizing of every prompt (GRPO's and
-                             ERL's), [merging] ERL's rows into GRPO's batch, [rest] the
-                             rest (GRPO's own scoring, ERL's templates and bookkeeping).
+                             ERL's), [merging] ERL's rows into GRPO's batch, [tool_loop]
+                             TRL's tool loop outside its generate calls (parsing turns,
+                             running tools; first attempts' and retries'; 0 single-turn),
+                             [rest] the rest (GRPO's own scoring, ERL's templates and
+                             bookkeeping).
                              No retry succeeds here (rewards <= 1 < 2.0), so the memory is
                              never written: [memory_full, SCOPE] is what one step's calls
                              cost a full memory (memory_size entries, the default policy:
@@ -105,7 +108,7 @@ def feedback(completions, **kwargs):
 
 # The parts of an ERL step outside generation and forward/backward that the bench times
 # apart (`erl_overhead_share[part]`); what else _prepare_inputs does is its "rest".
-OVERHEAD_PARTS = ("memory", "scoring", "tokenizing", "merging")
+OVERHEAD_PARTS = ("memory", "scoring", "tokenizing", "merging", "tool_loop")
 
 
 class Timed:
@@ -131,7 +134,9 @@ class Timed:
         for name in ("score", "feedback"):
             self._time_attribute(self._backend, name, "scoring")
         self._time_attribute(self, "_tokenize_prompts", "tokenizing")
+        self._time_attribute(self, "_prompt_ids", "tokenizing")  # renders episodes' prompts
         self._time_attribute(self, "_merge_rows", "merging")
+        self._time_attribute(self, "_tool_call_loop", "tool_loop")
 
     def _time_attribute(self, owner, name: str, phase: str) -> None:
         method = getattr(owner, name)
