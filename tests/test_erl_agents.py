@@ -360,3 +360,22 @@ def test_a_dict_of_factories_gives_each_retry_its_rows_environment(tool_model_di
     by_instance = {id(e): name for name, pool in pools.items() for e in pool}
     retried = sorted((by_instance[i], t) for i, t in RecordingGuessEnv.resets if i in by_instance)
     assert retried == sorted((row["environment"], row["target"]) for row in batch)
+
+
+class ToollessEnv:
+    """An environment that only sets the episode up: no tools, no reward of its own."""
+
+    def reset(self, target, **row) -> str:
+        self.target = target
+        return "Guess the number from 0 to 9 with the guess tool."
+
+
+def test_an_environment_without_tools_sets_the_retries_up_too(tool_model_dir, tmp_path):
+    from conftest import first_generation_batch
+
+    trainer = agent_trainer(tool_model_dir, tmp_path, ToollessEnv)
+    batch, output = first_generation_batch(trainer)
+    assert trainer.tools == [] and "tool_mask" not in output
+    (environments,) = trainer._retry_pool.values()
+    assert sorted(e.target for e in environments) == sorted(row["target"] for row in batch)
+    assert output["prompt_ids"].size(0) == 4 * len(batch)  # reflections, retries, copies

@@ -388,7 +388,7 @@ class ERLTrainer(GRPOTrainer):
         handed: dict[str | None, int] = {}
         environments = []
         for row in rows:
-            name = row.get("environment") if self._multi_environment else None
+            name = self._environment_name(row)
             pool = self._retry_pool.setdefault(name, [])
             index = handed.get(name, 0)
             if index == len(pool):
@@ -401,16 +401,18 @@ class ERLTrainer(GRPOTrainer):
         """The token ids TRL feeds the policy for each prompt (its chat template), each
         distinct prompt tokenized once: the retries of a shared reflection repeat one.
 
-        With tools, a prompt of a task's `rows` shows the tools its rollout may call (its
-        environment's), and one without rows (a reflection) shows none."""
-        if not self.tools:
+        With tools or environments, a prompt of a task's `rows` shows the tools its rollout
+        may call (its environment's), and one without rows (a reflection) shows none."""
+        if not self.tools and self.environment_factories is None:
             keys = [prompt_key(prompt) for prompt in prompts]
             distinct = {key: prompt for key, prompt in zip(keys, prompts)}
             ids, _, _ = self._tokenize_prompts(list(distinct.values()))
             by_key = dict(zip(distinct, ids))
             return [list(by_key[key]) for key in keys]  # a list of its own per row
         names = (
-            [self._tool_set(row) for row in rows] if rows is not None else [False] * len(prompts)
+            [self._environment_name(row) for row in rows]
+            if rows is not None
+            else [False] * len(prompts)  # no tools shown
         )
         rendered: dict[tuple, list[int]] = {}
         result = []
@@ -422,9 +424,9 @@ class ERLTrainer(GRPOTrainer):
             result.append(list(rendered[key]))
         return result
 
-    def _tool_set(self, row: dict):
-        """Which tools a row's rollout is shown: its environment's name (None: the one
-        environment, or the standalone tools)."""
+    def _environment_name(self, row: dict):
+        """The name of a row's environment (None: the one environment, or none), which
+        decides the tools its rollout is shown."""
         return row.get("environment") if self._multi_environment else None
 
     def _tools_of(self, name) -> list:
