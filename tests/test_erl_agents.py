@@ -4,7 +4,8 @@ The environment is `tests/agent_env.py`'s GuessEnv, written as a user outside th
 writes one for GRPOTrainer; the model is the tiny tool-calling model after its SFT warm-up
 on the environment's own solutions (`tool_model_dir`), so episodes hold real tool calls.
 Runs on whichever base trainer this process has; tests/test_unsloth_trainer.py runs it
-again on Unsloth's generated trainer.
+again on Unsloth's generated trainer. The training tests are `slow` (`make test-all`, CI):
+on both bases they add about a minute to the quick suite.
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def one_batch(tool_model_dir, tmp_path):
     return trainer, batch, seen, output
 
 
+@pytest.mark.slow
 def test_a_retry_is_a_fresh_episode_reset_with_its_first_attempts_row(one_batch):
     trainer, batch, seen, output = one_batch
     first_pool = {id(e) for e in trainer._environment_pool[None]}
@@ -131,6 +133,7 @@ def test_a_retry_is_a_fresh_episode_reset_with_its_first_attempts_row(one_batch)
     assert retried == first  # every row was gated, each retried once, in its order
 
 
+@pytest.mark.slow
 def test_the_reflection_prompt_shows_the_whole_episode_and_its_environments_feedback(one_batch):
     trainer, batch, seen, output = one_batch
     assert len(seen["reflections"]) == len(seen["completions"]) == len(batch)
@@ -146,6 +149,7 @@ def test_the_reflection_prompt_shows_the_whole_episode_and_its_environments_feed
     assert results > 0, "no first attempt called a tool"
 
 
+@pytest.mark.slow
 def test_internalization_trains_the_retrys_episode_under_the_tasks_own_prompt(one_batch):
     trainer, batch, seen, output = one_batch
     n = len(batch)
@@ -163,6 +167,7 @@ def test_internalization_trains_the_retrys_episode_under_the_tasks_own_prompt(on
     assert any(0 in tool_mask[i] for i in retries), "no retry called a tool"
 
 
+@pytest.mark.slow
 def test_tool_results_get_no_gradient_in_any_kind_of_row(one_batch):
     """The loss's gradient reaches tokens the model wrote in GRPO's rows, retries and
     internalized copies, and no tool result's prediction in any of them.
@@ -230,6 +235,7 @@ def test_tool_results_get_no_gradient_in_any_kind_of_row(one_batch):
         assert trained > 0, f"no gradient on the {kind} rows' own tokens"
 
 
+@pytest.mark.slow
 def test_gate_closed_trains_exactly_like_grpo_on_an_environment(tool_model_dir, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
@@ -285,6 +291,7 @@ def test_a_feedback_method_is_refused_since_trl_offers_it_as_a_tool(tool_model_d
         agent_trainer(tool_model_dir, tmp_path, FeedbackMethodEnv)
 
 
+@pytest.mark.slow
 def test_a_users_environment_trains_as_the_readme_shows_its_feedback_read_from_it(
     tool_model_dir, tmp_path
 ):
@@ -307,6 +314,7 @@ def test_a_users_environment_trains_as_the_readme_shows_its_feedback_read_from_i
     assert trainer.reward_func_names == ["GuessEnv"]
 
 
+@pytest.mark.slow
 def test_standalone_tools_run_in_the_retries_too(tool_model_dir, tmp_path):
     """`tools=` without an environment: first attempts and retries call the same function."""
     from conftest import first_generation_batch
@@ -340,6 +348,7 @@ class OtherGuessEnv(RecordingGuessEnv):
     """A second environment for a dict factory (the same game, its own class)."""
 
 
+@pytest.mark.slow
 def test_a_dict_of_factories_gives_each_retry_its_rows_environment(tool_model_dir, tmp_path):
     from conftest import first_generation_batch
     from datasets import Dataset
@@ -370,6 +379,7 @@ class ToollessEnv:
         return "Guess the number from 0 to 9 with the guess tool."
 
 
+@pytest.mark.slow
 def test_an_environment_without_tools_sets_the_retries_up_too(tool_model_dir, tmp_path):
     from conftest import first_generation_batch
 
