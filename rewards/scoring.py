@@ -22,6 +22,7 @@ it on the batch (or on the subset of rows that go on to reflection) counts nothi
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import numbers
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from curriculum.tasks.agent import is_agent_task
 from curriculum.tasks.base import Evaluation, Row, Task
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,8 @@ class ScoredBatch:
     rows: list[Row]
     texts: list[str]
     results: list[Scored]
+    completions: list[Any] = field(default_factory=list)
+    """The completions as given: an agent's are its episodes' messages."""
     served: set[str] = field(default_factory=set)
     """Names of the callers that already got this batch."""
     index: int | None = None
@@ -73,7 +77,10 @@ class ScoredBatch:
 
 
 def completion_text(completion: Any) -> str:
-    """The text of a completion: a plain string, or the contents of a conversational one."""
+    """The text of a completion: a plain string, or the contents of a conversational one.
+    An agent's episode keeps its tool calls and the tools' replies, as the chat template
+    writes them (`<tool_call>` / `<tool_response>`), so that two episodes differ in text
+    whenever they differ in what was done."""
     if isinstance(completion, str):
         return completion
     if isinstance(completion, dict):
@@ -89,7 +96,17 @@ def completion_text(completion: Any) -> str:
 def _message_text(message: Any) -> str:
     if not isinstance(message, dict):
         raise ValueError(f"a conversational completion holds dicts, got {type(message).__name__}")
-    content = message.get("content")
+    text = _content_text(message.get("content"))
+    if message.get("role") == "tool":
+        return f"<tool_response>{text}</tool_response>"
+    calls = message.get("tool_calls") or []
+    for call in calls if isinstance(calls, list) else [calls]:
+        function = call.get("function", call) if isinstance(call, dict) else call
+        text += f"<tool_call>{json.dumps(function, default=str, sort_keys=True)}</tool_call>"
+    return text
+
+
+def _content_text(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -138,10 +155,10 @@ class Scorer:
         batch = self._current
         if batch is None or batch.keys != keys or caller in batch.served:
             results = [
-                self._lookup(key, row, text)
-                for key, row, text in zip(keys, rows, texts, strict=True)
+                self._lookup(key, row, text, completion)
+                for key, row, text, completion in zip(keys, rows, texts, completions, strict=True)
             ]
-            batch = self._current = ScoredBatch(keys, rows, texts, results)
+            batch = self._current = ScoredBatch(keys, rows, texts, results, list(completions))
         if count and batch.index is None:
             self._count(batch, columns.get("log_metric"))
         batch.served.add(caller)
@@ -186,22 +203,23 @@ class Scorer:
         if log_metric is not None:
             log_metric(FAILURE_METRIC, self.last_failure_rate)
 
-    def _lookup(self, key: bytes, row: Row, text: str) -> Scored:
+    def _lookup(self, key: bytes, row: Row, text: str, completion: Any) -> Scored:
         scored = self._cache.get(key)
         if scored is not None:
             self._cache.move_to_end(key)
             return scored
-        scored = self._evaluate(row, text)
+        # An agent task judges the episode itself (its messages), any other the text.
+        scored = self._evaluate(row, completion if is_agent_task(self.task) else text)
         if self.cache_size:
             self._cache[key] = scored
             if len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return scored
 
-    def _evaluate(self, row: Row, text: str) -> Scored:
+    def _evaluate(self, row: Row, completion: Any) -> Scored:
         self.evaluations += 1
         try:
-            evaluation = self.task.evaluate(row, text)
+            evaluation = self.task.evaluate(row, completion)
         except Exception as exc:  # a verifier bug must not stop training: count and go on
             logger.warning(
                 "task %r verifier raised %s: %s", self.task.name, type(exc).__name__, exc

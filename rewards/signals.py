@@ -135,6 +135,8 @@ def build_reward_funcs(
             }
             record = {"step": step, "task": row["task"], "level": row["level"]}
             record |= {"prompt": row["prompt"], "completion": text}
+            if not isinstance(batch.completions[i], str):  # an agent's episode, message by message
+                record["episode"] = batch.completions[i]
             record["reward"] = sum(weights[s] * v for s, v in breakdown.items())
             record["breakdown"] = breakdown
             record["feedback"] = feedback_sentence(scored, text, *feedback_targets)

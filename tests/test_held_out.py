@@ -26,7 +26,15 @@ RUN = {"prompts_per_stage": 1024, "seed": 0, "replay_fraction": 0.3, "start_leve
 EVAL_PROMPTS = 64
 # The levels whose distinct problems the training prompts above exhaust, or nearly: their
 # stage line counts the evaluation prompts that were trained on.
-TOO_SMALL = {("arithmetic", 1), ("frozenlake", 1), ("reasoning_gym", 1), ("sokoban", 1)}
+TOO_SMALL = {
+    ("arithmetic", 1),
+    ("frozenlake", 1),
+    ("reasoning_gym", 1),
+    ("sokoban", 1),
+    # The agent versions draw the same maps.
+    ("frozenlake_agent", 1),
+    ("sokoban_agent", 1),
+}
 
 
 def family(name: str, data_dir: Path):

@@ -44,6 +44,9 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "reasoning_gym-sokoban": ("reasoning_gym", {"dataset": "sokoban"}),
     "dataset": ("dataset", {}),  # its path is filled in by `_task`
     "hidden_rule": ("hidden_rule", {}),
+    "frozenlake_agent": ("frozenlake_agent", {}),
+    "sokoban_agent": ("sokoban_agent", {}),
+    "lookup": ("lookup", {}),
 }
 # Examples per family and input kind; every example is scored at every level of the family.
 EXAMPLES = 40

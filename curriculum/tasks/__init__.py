@@ -2,12 +2,14 @@
 user's own family by import path (`get_task("reverse_task:ReverseTask")`) or by name
 after `register_task("reverse", ReverseTask)`.
 
-The Task API a family implements is in `curriculum.tasks.base` and docs/own_task.md;
+The Task API a family implements is in `curriculum.tasks.base` and docs/own_task.md; an
+agent task, played turn by turn with tools, in `curriculum.tasks.agent` and docs/agents.md;
 `check_task_rows` checks an instance keeps it before a run writes anything.
 """
 
 from __future__ import annotations
 
+from curriculum.tasks.agent import AgentTask, Played
 from curriculum.tasks.base import SIGNALS, Evaluation, Row, Task, TaskConfig
 from curriculum.tasks.registry import (
     check_task_rows,
@@ -20,7 +22,9 @@ from curriculum.tasks.registry import (
 
 __all__ = [
     "SIGNALS",
+    "AgentTask",
     "Evaluation",
+    "Played",
     "Row",
     "Task",
     "TaskConfig",

@@ -78,31 +78,16 @@ class FrozenLakeTask(Task):
 
     def _generate_one(self, level: int, rng: random.Random) -> Row:
         size, holes = LEVELS[level]
-        cells = [(r, c) for r in range(size) for c in range(size)]
-        for _ in range(_MAX_TRIES):
-            start, goal = rng.sample(cells, 2)
-            # Far enough apart that the walk is never a single move.
-            if abs(start[0] - goal[0]) + abs(start[1] - goal[1]) < size - 1:
-                continue
-            hole_cells = set(rng.sample([c for c in cells if c not in (start, goal)], holes))
-            grid = [
-                "".join(_symbol((r, c), start, goal, hole_cells) for c in range(size))
-                for r in range(size)
-            ]
-            distances = _distances(grid, goal)
-            if start in distances:
-                break
-        else:  # pragma: no cover - at these hole densities a path exists within a few tries
-            raise RuntimeError(f"no solvable {size}x{size} map in {_MAX_TRIES} tries")
-        plan = _shortest_plan(distances, start)
-        user = (
-            f"Map ({size}x{size}):\n"
-            + "\n".join(grid)
-            + f"\nStart S is at {_fmt(start)}, goal G is at "
-            f"{_fmt(goal)}; cells are (row, column) counted from 0 at the top-left."
-        )
+        grid, start, goal = draw_map(size, holes, rng)
+        plan = _shortest_plan(_distances(grid, goal), start)
         return self.make_row(
-            level, SYSTEM_PROMPT, user, " ".join(plan), map=grid, start=start, goal=goal
+            level,
+            SYSTEM_PROMPT,
+            map_text(grid, start, goal),
+            " ".join(plan),
+            map=grid,
+            start=start,
+            goal=goal,
         )
 
     def reference(self, row: Row) -> str:
@@ -163,6 +148,36 @@ class FrozenLakeTask(Task):
         if self.config.reveal_answer:
             text += f" A shortest plan is: {row['answer']}."
         return text
+
+
+def draw_map(size: int, holes: int, rng: random.Random) -> tuple[list[str], Cell, Cell]:
+    """A solvable `size` x `size` map with `holes` holes: its rows, start and goal. Start and
+    goal are far enough apart that the walk is never a single move."""
+    cells = [(r, c) for r in range(size) for c in range(size)]
+    for _ in range(_MAX_TRIES):
+        start, goal = rng.sample(cells, 2)
+        if abs(start[0] - goal[0]) + abs(start[1] - goal[1]) < size - 1:
+            continue
+        hole_cells = set(rng.sample([c for c in cells if c not in (start, goal)], holes))
+        grid = [
+            "".join(_symbol((r, c), start, goal, hole_cells) for c in range(size))
+            for r in range(size)
+        ]
+        if start in _distances(grid, goal):
+            return grid, start, goal
+    # pragma: no cover - at these hole densities a path exists within a few tries
+    raise RuntimeError(f"no solvable {size}x{size} map in {_MAX_TRIES} tries")
+
+
+def map_text(grid: list[str], start: Cell, goal: Cell) -> str:
+    """The map as the prompts show it, with where start and goal are."""
+    size = len(grid)
+    return (
+        f"Map ({size}x{size}):\n"
+        + "\n".join(grid)
+        + f"\nStart S is at {_fmt(start)}, goal G is at "
+        f"{_fmt(goal)}; cells are (row, column) counted from 0 at the top-left."
+    )
 
 
 def _symbol(cell: Cell, start: Cell, goal: Cell, holes: set[Cell]) -> str:

@@ -25,11 +25,14 @@ _BUILT_IN: dict[str, str] = {
     "arithmetic": "curriculum.tasks.arithmetic:ArithmeticTask",
     "countdown": "curriculum.tasks.countdown:CountdownTask",
     "frozenlake": "curriculum.tasks.frozenlake:FrozenLakeTask",
+    "frozenlake_agent": "curriculum.tasks.frozenlake_agent:FrozenLakeAgentTask",
     "sokoban": "curriculum.tasks.sokoban:SokobanTask",
+    "sokoban_agent": "curriculum.tasks.sokoban_agent:SokobanAgentTask",
     "schedule": "curriculum.tasks.schedule:ScheduleTask",
     "reasoning_gym": "curriculum.tasks.reasoning_gym_adapter:ReasoningGymTask",
     "dataset": "curriculum.tasks.dataset_task:DatasetTask",
     "hidden_rule": "curriculum.tasks.hidden_rule:HiddenRuleTask",
+    "lookup": "curriculum.tasks.lookup:LookupTask",
 }
 _REGISTERED: dict[str, type[Task]] = {}  # register_task's, in this process
 

@@ -1,0 +1,260 @@
+"""Agent tasks: a task played turn by turn, as an episode of tool calls in an environment.
+
+An `AgentTask` is a `Task` whose rows are played, not answered once. Its
+`environment_class` is an environment as TRL 1.15's `GRPOTrainer(environment_factory=...)`
+takes one:
+
+- `reset(**row) -> str | None` starts an episode for a dataset row (TRL passes the whole
+  row: `prompt`, `task`, `level`, `answer`, `meta`); a string it returns is appended to the
+  prompt's last message, as TRL does;
+- every other public method of the class is a tool the model may call, described to it
+  by the method's signature and Google-style docstring; a tool returns the observation
+  the model reads next, as text;
+- instances are pooled and reused, so `reset` clears everything an episode leaves.
+
+The model's episode is the completion the task scores: the assistant turns with their
+`tool_calls`, each followed by the tools' replies, and a closing plain-text reply. The
+verdict is made by *replaying* the episode's answered tool calls on a fresh environment
+(`play`) and judging where it ended (`judge`), so scoring needs nothing but the row and
+the transcript: the reward functions, the feedback ERL reads, `pipeline.evaluate` and a
+log reader all score an episode the same way. The environment must therefore be
+deterministic given the row (draw any randomness from the row's `meta`).
+
+A call that was never answered (TRL stops at `max_tool_calling_iterations`, or drops a
+reply that would pass `max_completion_length`) is not replayed: the verdict is on what the
+model saw. A call to an unknown tool, with arguments that are not a mapping, or one that
+raises, is an *invalid call*: its reply is the error TRL would show, and `judge` may mark
+the format down for it. Model output is only ever passed to tools as arguments.
+
+A subclass sets `environment_class`, implements `solution` (the calls that solve a row,
+and the closing reply) and `judge`, plus the `Task` methods that draw rows
+(`num_levels`, `_generate_one`). `reference` plays `solution` into an episode, which is
+what the warm-up trains on. docs/agents.md writes one from scratch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from curriculum.tasks.base import Evaluation, Row, Task
+
+Message = dict[str, Any]
+ToolCall = tuple[str, dict[str, Any]]
+
+# What TRL does not run as a tool, besides private names (`GRPOTrainer.__init__`).
+NOT_TOOLS = ("reset", "get_reward")
+
+MAX_REPLAYED_CALLS = 1000
+"""Calls replayed from one episode; more are counted invalid and not run, so a huge
+completion costs no more than a long episode."""
+
+
+def environment_tools(environment: Any) -> list[Callable]:
+    """The environment's tools as TRL 1.15 collects them: every public function of its
+    class but `reset` and `get_reward`, bound to the instance. Listed on the class, as TRL
+    does, so that a property is neither a tool nor evaluated."""
+    return [
+        getattr(environment, name)
+        for name, _ in inspect.getmembers(type(environment), predicate=inspect.isfunction)
+        if name not in NOT_TOOLS and not name.startswith("_")
+    ]
+
+
+@dataclass
+class CallRecord:
+    """One replayed tool call."""
+
+    name: str
+    arguments: Any
+    reply: str
+    """The text the model read back (an error's text for an invalid call)."""
+    valid: bool
+    """False for an unknown tool, arguments that are not a mapping, or a tool that raised."""
+
+
+@dataclass
+class Played:
+    """An episode replayed on a fresh environment: what `judge` reads beside it."""
+
+    calls: list[CallRecord] = field(default_factory=list)
+    reply: str = ""
+    """The last assistant message's text: the model's closing reply."""
+    unanswered: int = 0
+    """Calls in the transcript with no tool reply after them, not replayed."""
+    malformed: str | None = None
+    """Why the completion is not an episode at all (then nothing was replayed)."""
+
+    @property
+    def invalid_calls(self) -> list[CallRecord]:
+        return [call for call in self.calls if not call.valid]
+
+    def format_score(self) -> float:
+        """The share of replayed calls that were valid; 0 when there was no call at all."""
+        return (len(self.calls) - len(self.invalid_calls)) / len(self.calls) if self.calls else 0.0
+
+    def format_feedback(self) -> str | None:
+        """One sentence about invalid calls (or none made), None when every call was valid."""
+        if not self.calls:
+            return "No tool was called: act by calling the tools, one call per turn."
+        invalid = self.invalid_calls
+        if not invalid:
+            return None
+        first = invalid[0]
+        # ascii(): odd model text (lone surrogates, NULs) never reaches feedback raw.
+        return (
+            f"{len(invalid)} of {len(self.calls)} tool calls were invalid; the first, "
+            f"{ascii(first.name[:40])}, got: {first.reply[:160]}"
+        )
+
+
+class AgentTask(Task):
+    """A task family played as a multi-turn episode in `environment_class`."""
+
+    environment_class: ClassVar[type]
+    """The environment, TRL-style (see the module docstring). Built with no arguments by
+    `make_environment`; override that to pass the task's config."""
+
+    def make_environment(self) -> Any:
+        """A new environment: what the run hands TRL as `environment_factory`."""
+        return self.environment_class()
+
+    @abstractmethod
+    def turn_limit(self, level: int) -> int:
+        """Tool calls an episode at `level` may make; the environment refuses more. The run
+        sets TRL's `max_tool_calling_iterations` to the largest, unless the user sets it."""
+
+    @abstractmethod
+    def solution(self, row: Row) -> tuple[list[ToolCall], str]:
+        """The calls that solve `row`, in order, and the closing reply."""
+
+    @abstractmethod
+    def judge(self, row: Row, environment: Any, played: Played) -> Evaluation:
+        """The verdict on an episode, from the environment it left (`play`) and the
+        replayed calls and reply. Never raises on model output."""
+
+    # What every agent task shares ------------------------------------------------------
+
+    def max_turns(self) -> int:
+        """The largest turn limit over the levels."""
+        return max(self.turn_limit(level) for level in self.levels)
+
+    def start(self, row: Row) -> tuple[Any, list[Message]]:
+        """A fresh environment reset for `row`, and the prompt the model sees: the row's,
+        with the reset text appended to the last message (as TRL 1.15 does)."""
+        environment = self.make_environment()
+        observation = environment.reset(**row)
+        prompt = [dict(message) for message in row["prompt"]]
+        if isinstance(observation, str) and observation:
+            prompt[-1]["content"] += observation
+        return environment, prompt
+
+    def play(self, row: Row, completion: Any) -> tuple[Any, Played]:
+        """Replay the answered tool calls of `completion` (an episode's messages, or a
+        plain reply) on a fresh environment; returns it with what happened. Never raises
+        on the completion."""
+        environment, _ = self.start(row)
+        played = Played()
+        messages = episode_messages(completion)
+        if messages is None:
+            played.malformed = "The reply is not an episode of chat messages."
+            return environment, played
+        for k, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            calls = message.get("tool_calls") or []
+            if not isinstance(calls, list):
+                calls = [calls]
+            answered = _replies_after(messages, k)
+            played.unanswered += max(0, len(calls) - answered)
+            for call in calls[:answered]:
+                played.calls.append(_run_call(environment, call, len(played.calls)))
+        last = messages[-1] if messages else {}
+        if last.get("role") == "assistant" and isinstance(last.get("content"), str):
+            played.reply = last["content"]
+        return environment, played
+
+    def evaluate(self, row: Row, completion: Any) -> Evaluation:
+        environment, played = self.play(row, completion)
+        return self.judge(row, environment, played)
+
+    def reference(self, row: Row) -> list[Message]:
+        """`solution` played into an episode: one assistant turn per call, each followed by
+        the tool's reply, then the closing reply."""
+        environment, _ = self.start(row)
+        tools = {tool.__name__: tool for tool in environment_tools(environment)}
+        calls, reply = self.solution(row)
+        messages: list[Message] = []
+        for name, arguments in calls:
+            messages.append(
+                {"role": "assistant", "content": "", "tool_calls": [_call(name, arguments)]}
+            )
+            messages.append(
+                {"role": "tool", "name": name, "content": str(tools[name](**arguments))}
+            )
+        messages.append({"role": "assistant", "content": reply})
+        return messages
+
+
+def is_agent_task(task: Any) -> bool:
+    return isinstance(task, AgentTask)
+
+
+def episode_messages(completion: Any) -> list[Message] | None:
+    """`completion` as a list of message dicts: a plain string is one assistant message; a
+    message dict is a list of one; anything that is not messages gives None."""
+    if isinstance(completion, str):
+        return [{"role": "assistant", "content": completion}]
+    if isinstance(completion, dict):
+        completion = [completion]
+    if not isinstance(completion, (list, tuple)) or not all(
+        isinstance(m, dict) for m in completion
+    ):
+        return None
+    return list(completion)
+
+
+def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _replies_after(messages: list[Message], k: int) -> int:
+    """How many tool messages follow message `k` before the next other message."""
+    count = 0
+    for message in messages[k + 1 :]:
+        if message.get("role") != "tool":
+            break
+        count += 1
+    return count
+
+
+def _run_call(environment: Any, call: Any, index: int) -> CallRecord:
+    """Run one call as TRL's tool loop does: an unknown tool or a raising one gives an
+    error reply (`{'error': ...}`, TRL's text) instead of an exception."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return CallRecord("unknown", None, str({"error": "Unsupported tool call."}), False)
+    name, arguments = function.get("name"), function.get("arguments")
+    name = name if isinstance(name, str) else repr(name)
+    if isinstance(arguments, str):  # some parsers leave the JSON text as it was
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+            pass
+    tools = {tool.__name__: tool for tool in environment_tools(environment)}
+    if index >= MAX_REPLAYED_CALLS:
+        error = f"More than {MAX_REPLAYED_CALLS} calls; this one was not run."
+    elif name not in tools:
+        error = f"Tool {name} not found."
+    elif not isinstance(arguments, dict):
+        error = f"The arguments of {name} must be a JSON object."
+    else:
+        try:
+            return CallRecord(name, arguments, str(tools[name](**arguments)), True)
+        except Exception as err:  # a bad argument from the model: the reply says so
+            error = str(err)
+    return CallRecord(name, arguments, str({"error": error}), False)
