@@ -13,28 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from doc_pages import page_blocks
 
 from curriculum.tasks import check_task_rows, get_task, list_tasks, register_task
 from curriculum.tasks import registry as task_registry
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "own_task.md"
-FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
-
-
-def page_blocks() -> tuple[dict[str, str], list[str]]:
-    """The page's files (a python or yaml block whose first line is `# <name>`) and its
-    commands (the lines of its bash blocks), in the page's order."""
-    files, commands = {}, []
-    for language, body in FENCE.findall(PAGE.read_text()):
-        first = body.splitlines()[0]
-        if language in ("python", "yaml") and re.fullmatch(r"# [\w.]+\.(py|yaml)", first):
-            files[first[2:]] = body
-        elif language == "bash":
-            commands += [line for line in body.splitlines() if line.strip()]
-        else:
-            raise AssertionError(f"a {language} block the test does not run: {first!r}")
-    return files, commands
 
 
 def run_command(line: str, folder: Path) -> subprocess.CompletedProcess:
@@ -49,7 +34,7 @@ def run_command(line: str, folder: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def page_folder(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("own_task")
-    files, _ = page_blocks()
+    files, _ = page_blocks(PAGE)
     assert set(files) == {"reverse_task.py", "reverse.yaml", "launch.py"}
     for name, text in files.items():
         (folder / name).write_text(text)
@@ -104,7 +89,7 @@ def test_the_pages_run_and_evaluation_work_as_written(page_folder):
     project = subprocess.run(
         ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True
     ).stdout
-    _, commands = page_blocks()
+    _, commands = page_blocks(PAGE)
     assert commands == [
         "python -m pipeline.run --config reverse.yaml",
         "python -m pipeline.evaluate --model_name_or_path runs/reverse/stage_1",
