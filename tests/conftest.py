@@ -196,6 +196,7 @@ def tool_model_dir() -> str:
     import agent_env
     from filelock import FileLock
 
+    from curriculum.tasks.agent import environment_tools
     from pipeline.models import tiny, tool_warmup
 
     key = hashlib.sha256()
@@ -210,7 +211,7 @@ def tool_model_dir() -> str:
         return tool_warmup.warm_up_on_episodes(
             base,
             agent_env.guess_solutions(),
-            tool_warmup.environment_tools(agent_env.GuessEnv()),
+            environment_tools(agent_env.GuessEnv()),
             str(folder / "warm"),
             **TOOL_MODEL_WARMUP,
         )

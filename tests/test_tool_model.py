@@ -11,11 +11,11 @@ import torch
 from agent_env import GuessEnv, guess_dataset, guess_solutions
 from transformers import AutoTokenizer
 
+from curriculum.tasks.agent import environment_tools
 from pipeline.models.backend import activate_backend
 from pipeline.models.tiny import TOOL_TOKENS, build_tiny_model
 from pipeline.models.tool_warmup import (
     collate,
-    environment_tools,
     grpo_chat_template,
     render_episode,
     warm_up_on_episodes,

@@ -66,7 +66,7 @@ def compare(argv: list[str]) -> int:
     )
     from pipeline.evaluate.run_folder import stage_eval_weights
     from pipeline.options import check_output_path, check_task, named_options
-    from pipeline.run.checks import check_levels
+    from pipeline.run.checks import check_agent_task, check_levels
     from pipeline.run.distributed import launched_processes
 
     if launched_processes() > 1:
@@ -79,6 +79,7 @@ def compare(argv: list[str]) -> int:
             "--eval_prompts must be >= 1 for a comparison", run.eval_prompts, "e.g. 64"
         )
     task = check_task(run.task, run.task_config)
+    check_agent_task(task, methods, run, args)  # sdpo cannot play an agent task's episodes
     level = check_levels(curriculum, task).level  # the first stage's: the held-out prompts'
     # Where --output_dir says; a recipe's output_dir names a run's folder, not this one's.
     given = "output_dir" in named_options(user_argv)[0]

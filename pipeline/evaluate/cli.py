@@ -280,6 +280,8 @@ def evaluate_from_command_line(argv: list[str]) -> int:
         weights=weights,
         trained=run.trained(task, level) if run else (),  # held out from the run's prompts
         progress=not args.disable_tqdm,
+        # An agent task's rounds of tool calls, as its run capped them (None: the task's).
+        max_turns=recorded.get("max_tool_calling_iterations"),
     )
 
     print(f"task: {result.task}  level: {result.level}  n: {result.n}  seed: {result.seed}")

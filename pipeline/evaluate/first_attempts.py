@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from curriculum.tasks.agent import is_agent_task
 from curriculum.tasks.base import HELD_OUT_SEED_BASE, Row, Task
 from pipeline.erl.prompts import prompt_text
 from pipeline.evaluate.held_out import held_out_rows
@@ -90,7 +91,10 @@ def score_completions(
     """
     if len(rows) != len(completions):
         raise ValueError(f"{len(rows)} rows but {len(completions)} completions")
-    texts = [text if isinstance(text, str) else str(text) for text in completions]
+    # An agent task's completions are episodes (lists of messages): the scorer hands them to
+    # the task as they are; anything else that is not text is scored as its text.
+    agent = is_agent_task(task)
+    texts = [c if isinstance(c, str) or agent else str(c) for c in completions]
     columns: dict[str, Any] = {
         name: [row[name] for row in rows] for name in ("task", "level", "answer", "meta")
     }
@@ -233,29 +237,45 @@ def evaluate_first_attempts(
     trained: Collection[str] = (),
     progress: bool = True,
     num_samples: int = 4,
+    max_turns: int | None = None,
 ) -> EvalResult:
     """Mean reward and success rate of the model's single answers to `n` held-out prompts.
 
     `seed` None takes `held_out_seed(level)`. `trained`: prompt keys the run trained on
     (`held_out.trained_prompts`), skipped where the level has others. No reflection, no
-    retry: what a user sees.
+    retry: what a user sees. An agent task's first attempt is a whole episode
+    (`pipeline.evaluate.episodes`): `max_new_tokens` is its token budget after the prompt,
+    tool replies included, and `max_turns` its rounds of tool calls (None: the task's
+    largest turn limit).
     """
     task.check_level(level)
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
     seed = held_out_seed(level) if seed is None else seed
     rows, overlap = held_out_rows(task, level, n, seed, trained)
-    completions = generate_completions(
-        model,
-        tokenizer,
-        [row["prompt"] for row in rows],
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        do_sample=do_sample,
-        temperature=temperature,
-        seed=seed,
-        progress=progress,
-    )
+    sampling = dict(batch_size=batch_size, do_sample=do_sample, temperature=temperature, seed=seed)
+    if is_agent_task(task):  # whole episodes; max_new_tokens is each one's budget after the prompt
+        from pipeline.evaluate.episodes import play_episodes
+
+        completions = play_episodes(
+            model,
+            tokenizer,
+            task,
+            rows,
+            max_completion_length=max_new_tokens,
+            max_turns=max_turns,
+            progress=progress,
+            **sampling,
+        )
+    else:
+        completions = generate_completions(
+            model,
+            tokenizer,
+            [row["prompt"] for row in rows],
+            max_new_tokens=max_new_tokens,
+            progress=progress,
+            **sampling,
+        )
     result = score_completions(
         task, rows, completions, weights=weights, seed=seed, num_samples=num_samples
     )

@@ -23,26 +23,13 @@ which TRL masks out of GRPO's loss too (`tool_mask`).
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import random
-from collections.abc import Callable
 from pathlib import Path
 
 from curriculum.atomic import atomic_folder
 
 STAMP = "tool_warmup.json"
-
-
-def environment_tools(environment) -> list[Callable]:
-    """The environment's tools as TRL 1.15's GRPOTrainer collects them: every public
-    function of its class but `reset` and `get_reward`, bound to the instance. Listed on
-    the class, as TRL does, so that a property is neither a tool nor evaluated."""
-    return [
-        getattr(environment, name)
-        for name, _ in inspect.getmembers(type(environment), predicate=inspect.isfunction)
-        if name not in ("reset", "get_reward") and not name.startswith("_")
-    ]
 
 
 def grpo_chat_template(tokenizer) -> str | None:
@@ -117,7 +104,7 @@ def warm_up_on_episodes(
     """Train the model in `model_dir` on `episodes` (lists of chat messages) for `steps`
     AdamW steps and save it with its tokenizer to `output_dir`; returns that folder.
 
-    `tools` are what the prompt shows, as GRPOTrainer gets them (`environment_tools(env)`,
+    `tools` are what the prompt shows, as GRPOTrainer gets them (`curriculum.tasks.agent.environment_tools(env)`,
     functions or JSON schemas). Each step takes `batch_size` episodes at random; the
     learning rate warms up over 10 steps and decays linearly to 0. A plain torch loop in
     float32: on the tiny model it is what runs fastest and most predictably on a CPU.

@@ -17,6 +17,7 @@ from typing import Any
 
 from curriculum.controller import CurriculumController
 from curriculum.tasks import Task, task_path
+from curriculum.tasks.agent import environment_tools, is_agent_task
 from pipeline.evaluate.run_folder import recorded_task
 from pipeline.layout import RunLayout
 from pipeline.options import (
@@ -44,6 +45,7 @@ def check_run(
     config["task_class"] = task_path(task)  # recorded: a resume and evaluate find it again
     controller = check_levels(curriculum, task)
     check_signal_weights(task, run.reward_signals, "--reward_signals")
+    check_agent_task(task, (run.method,), run, args)
     check_model_sources(run, model)
     check_exports(run, model)
     check_machine(model, args)
@@ -64,6 +66,59 @@ def _task_to_load(run, layout: RunLayout) -> str:
         if recorded.get("task") == run.task:
             return recorded_task(recorded)
     return run.task
+
+
+def check_agent_task(task: Task, methods: tuple[str, ...], run, args) -> None:
+    """An agent task (`curriculum.tasks.agent`): methods (the run's, or a comparison's)
+    and signals that can play episodes, tools TRL can describe to the model, and TRL's
+    turn cap; unset, it becomes the task's largest turn limit."""
+    if not is_agent_task(task):
+        return
+    if "sdpo" in methods:
+        option = "--method" if len(methods) == 1 else "--methods"
+        raise UsageError(
+            f"{option} sdpo cannot train the agent task {task.name}: TRL 1.15's SDPOTrainer "
+            "takes no tools= or environment_factory=, so it cannot play multi-turn episodes",
+            ",".join(methods),
+            "choose erl or grpo",
+        )
+    learned = [*run.reward_models, *run.preference_functions]
+    if learned:
+        raise UsageError(
+            f"--reward_models / --preference_functions score one reply, not the episodes of "
+            f"the agent task {task.name}",
+            ", ".join(learned),
+            "leave them out (the task's own signals score episodes)",
+        )
+    from transformers.utils import get_json_schema
+
+    environment = task.make_environment()
+    tools = environment_tools(environment)
+    if not tools:
+        raise UsageError(
+            f"--task {task.name}: its environment {type(environment).__name__} has no tool",
+            task_path(task),
+            "give it a public method with a docstring (docs/agents.md)",
+        )
+    for tool in tools:
+        try:
+            get_json_schema(tool)
+        except Exception as err:  # TRL needs the schema to show the tool to the model
+            raise UsageError(
+                f"--task {task.name}: tool {tool.__name__} of {type(environment).__name__} "
+                "cannot be described to the model",
+                str(err).splitlines()[0],
+                "give it type hints and a Google-style docstring with an Args: section, or "
+                "make it private (a leading _) if it is not a tool (docs/agents.md)",
+            ) from err
+    if args.max_tool_calling_iterations is None:
+        args.max_tool_calling_iterations = task.max_turns()
+    elif args.max_tool_calling_iterations < 1:
+        raise UsageError(
+            "--max_tool_calling_iterations must be >= 1",
+            args.max_tool_calling_iterations,
+            f"leave it unset for the task's largest turn limit ({task.max_turns()})",
+        )
 
 
 def check_exports(run, model) -> None:

@@ -96,6 +96,7 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     if distributed.launched_processes() > 1:
         logger.info(distributed.describe())
 
+    from curriculum.tasks.agent import is_agent_task
     from pipeline.erl.memory import ReflectionMemory
     from pipeline.layout import RunLayout
     from pipeline.models.loading import load_policy
@@ -121,7 +122,7 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     if run.build_tiny_model and main_process:
         if not Path(model_config.model_name_or_path).exists():  # said, as a hub id reads alike
             logger.info(f"building the offline tiny model into {model_config.model_name_or_path}")
-        build_tiny_model(model_config.model_name_or_path)
+        build_tiny_model(model_config.model_name_or_path, tool_calling=is_agent_task(task))
     distributed.wait_for_everyone()  # the others load what the main process built
     with _loading("--model_name_or_path", model_config.model_name_or_path):
         model, tokenizer = load_policy(

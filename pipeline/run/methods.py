@@ -105,16 +105,31 @@ class RunGRPOTrainer(GRPOTrainer):
 
 
 def build_trainer(
-    method: str, *, model, args, train_dataset, rewards, memory, tokenizer, success_threshold
+    method: str,
+    *,
+    model,
+    args,
+    train_dataset,
+    rewards,
+    memory,
+    tokenizer,
+    success_threshold,
+    environment_factory=None,
 ):
     """The stage's trainer for `method`, on the run's model, rewards and stage config
-    (`args`, an ERLConfig: grpo reads its GRPOConfig options, sdpo those SDPOConfig shares)."""
+    (`args`, an ERLConfig: grpo reads its GRPOConfig options, sdpo those SDPOConfig shares).
+    `environment_factory`: an agent task's (`AgentTask.make_environment`), for erl and grpo;
+    TRL's SDPOTrainer takes none (`pipeline.run.checks` refuses the pair first)."""
     common = dict(
         model=model,
         reward_funcs=rewards.funcs,
         train_dataset=train_dataset,
         processing_class=tokenizer,
     )
+    if environment_factory is not None:
+        if method == "sdpo":
+            raise ValueError("SDPOTrainer (TRL 1.15) takes no environment_factory")
+        common["environment_factory"] = environment_factory
     if method == "erl":
         # One memory for the whole run; checkpoints save and restore it.
         return CountingERLTrainer(

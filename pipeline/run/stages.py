@@ -17,6 +17,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from curriculum.atomic import atomic_write_json, atomic_write_text, umask_modes
 from curriculum.controller import CurriculumController
 from curriculum.tasks import Task
+from curriculum.tasks.agent import is_agent_task
 from pipeline.evaluate.held_out import stage_rows, stage_seed, trained_prompts
 from pipeline.layout import CONTROLLER_FILE, RunLayout
 from pipeline.run.checkpoints import kill_point
@@ -181,6 +182,7 @@ def run_stage(
         memory=memory,
         tokenizer=tokenizer,
         success_threshold=args.reward_threshold,
+        environment_factory=task.make_environment if is_agent_task(task) else None,
     )
     callback = CurriculumCallback(trainer, controller, layout.stage_metrics(stage), step_offset)
     trainer.add_callback(callback)
@@ -211,6 +213,7 @@ def run_stage(
             level,
             run.eval_prompts,
             max_new_tokens=args.max_completion_length,
+            max_turns=args.max_tool_calling_iterations,
             weights=rewards.eval_weights,
             trained=trained,
             progress=verbose(args.log_level) and not args.disable_tqdm,

@@ -14,6 +14,7 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from curriculum.tasks import Task
+from curriculum.tasks.agent import environment_tools, is_agent_task
 from pipeline.layout import TENSORBOARD_DIR
 from pipeline.models.backend import unsloth_patches_trainers
 from pipeline.models.quantization import undo_qlora_bf16_cast
@@ -21,9 +22,24 @@ from pipeline.run.config import verbose
 from pipeline.run.console import RunProgress, show_progress, warmup_postfix
 
 
-def reference_dataset(task: Task, level: int, n: int, seed: int) -> Dataset:
-    """`n` prompt -> reference-solution rows at `level`."""
+def reference_dataset(task: Task, level: int, n: int, seed: int, tokenizer=None) -> Dataset:
+    """`n` prompt -> reference-solution rows at `level`. An agent task's references are
+    whole episodes, rendered with its tools as GRPOTrainer renders them: token ids with a
+    mask on the model's own turns (`tokenizer` needed), so the tools' replies are not
+    trained on, as GRPO masks them too."""
     rows = task.generate(level, n, seed=seed)
+    if is_agent_task(task):
+        from pipeline.models.tool_warmup import grpo_chat_template, render_episode
+
+        template = grpo_chat_template(tokenizer)
+        rendered = []
+        for row in rows:
+            environment, prompt = task.start(row)
+            ids, mask = render_episode(
+                tokenizer, prompt + task.reference(row), environment_tools(environment), template
+            )
+            rendered.append({"input_ids": ids, "completion_mask": mask})
+        return Dataset.from_list(rendered)
     return Dataset.from_list(
         [
             {
@@ -89,9 +105,9 @@ def sft_warmup(
         output_dir=output_dir,
     )
     if dataset is None:
-        dataset = reference_dataset(
-            task, level, examples, seed=900_000 + args.seed
-        )  # below the held-out seeds (10**6)
+        dataset = reference_dataset(  # seeds below the held-out ones (10**6)
+            task, level, examples, seed=900_000 + args.seed, tokenizer=tokenizer
+        )
     trainer = SFTTrainer(
         model=model, args=config, train_dataset=dataset, processing_class=tokenizer
     )

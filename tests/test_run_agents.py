@@ -1,0 +1,182 @@
+"""Agent tasks through `python -m pipeline.run`, `pipeline.evaluate` and `pipeline.compare`:
+what is refused up front, and (slow) the agent recipe end to end on a CPU: warm-up on the
+simulator's episodes, stages, a SIGKILL mid-stage and its resume, whole episodes in the
+log and in the evaluation, GRPO on a 4-bit LoRA base, two processes, a comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_multiprocess import run_two
+from test_run import run_process
+
+from curriculum.tasks import get_task
+from pipeline.evaluate.first_attempts import evaluate_first_attempts, load_for_evaluation
+from pipeline.run.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = str(REPO / "configs" / "frozenlake_agent.yaml")
+
+
+def agent_args(output_dir: Path, *extra: str) -> list[str]:
+    """The agent recipe, cut to a few steps: a short warm-up, two 2-step stages."""
+    model = output_dir.parent / "tiny-tool-model"
+    return [
+        "--config", RECIPE, "--model_name_or_path", str(model), "--output_dir", str(output_dir),
+        "--warmup_sft_steps", "40", "--warmup_sft_examples", "64",
+        "--prompts_per_stage", "32", "--eval_prompts", "4",
+        "--per_device_train_batch_size", "8", "--num_generations", "4",
+        "--min_stage_steps", "2", "--max_stage_steps", "2", "--save_steps", "1",
+        "--max_completion_length", "96", "--disable_tqdm", "true",
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--method", "sdpo"], "--method sdpo cannot train the agent task frozenlake_agent"),
+        (["--max_tool_calling_iterations", "0"], "--max_tool_calling_iterations must be >= 1"),
+        (
+            ["--preference_functions", '{"judge": {"function": "judge:prefer", "weight": 1}}'],
+            "score one reply, not the episodes",
+        ),
+    ],
+)
+def test_what_cannot_play_episodes_is_refused_before_anything_is_written(
+    tmp_path, capsys, monkeypatch, extra, message
+):
+    (tmp_path / "judge.py").write_text("def prefer(prompt, a, b):\n    return 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    assert main(agent_args(out, *extra)) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and not (tmp_path / "tiny-tool-model").exists()
+
+
+def test_a_tool_the_model_cannot_be_shown_is_named(tmp_path, capsys, monkeypatch):
+    """A public helper without a docstring would be offered to the model as a tool that
+    TRL cannot describe: the run names it and says what to do."""
+    (tmp_path / "helper_task.py").write_text(
+        "from curriculum.tasks.frozenlake_agent import FrozenLakeAgentTask, FrozenLakeEnv\n"
+        "class Env(FrozenLakeEnv):\n"
+        "    def score_now(self):\n"
+        "        return 1\n"
+        "class HelperTask(FrozenLakeAgentTask):\n"
+        "    environment_class = Env\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(agent_args(tmp_path / "run", "--task", "helper_task:HelperTask")) == 2
+    err = capsys.readouterr().err
+    assert "tool score_now of Env cannot be described to the model" in err
+    assert "make it private" in err
+
+
+def test_the_recipe_caps_tool_rounds_at_the_tasks_largest_turn_limit():
+    from pipeline.run.checks import check_agent_task
+    from pipeline.run.config import choose_backend, parse_run_config
+
+    argv = ["--config", RECIPE]
+    choose_backend(argv)
+    run, _, _, args = parse_run_config(argv)
+    task = get_task(run.task)
+    assert args.max_tool_calling_iterations is None
+    check_agent_task(task, (run.method,), run, args)
+    assert args.max_tool_calling_iterations == task.max_turns() == 16
+
+
+# ---- End to end (slow) ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_agent_recipe_runs_is_killed_mid_stage_resumes_and_evaluates_episodes(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "pipeline.run", *agent_args(out)]
+    run_process(command, ("checkpoint", 1))  # SIGKILL after stage 1's first checkpoint
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert [s["status"] for s in state["stages"]] == ["running"]
+    assert (out / "warmup" / "model.safetensors").exists()  # the warm-up is not redone
+
+    resumed = run_process(command, None, "--resume", "true")
+    assert "SFT warm-up" not in resumed.stdout + resumed.stderr
+    assert "resuming" in resumed.stdout + resumed.stderr
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] and [s["level"] for s in state["stages"]] == [1, 2]
+    assert all(s["eval_reward"] is not None for s in state["stages"])
+    steps = [
+        json.loads(line)["stage_step"]
+        for line in (out / "stage_1" / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
+    assert steps == [1, 2]  # the killed step logged once, after the resume
+
+    records = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    episodes = [r["episode"] for r in records if "episode" in r]
+    assert episodes and all(isinstance(m, dict) for e in episodes for m in e)
+    metrics = [
+        json.loads(line) for line in (out / "stage_1" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert any(m.get("tools/call_frequency", 0) > 0 for m in metrics)  # TRL ran the tools
+
+    # pipeline.evaluate plays the stage's held-out episodes again, as the stage line did.
+    report = tmp_path / "eval.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.evaluate", "--model_name_or_path", str(out / "stage_2"),
+         "--output_json", str(report), "--disable_tqdm", "true"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(report.read_text())
+    assert result["task"] == "frozenlake_agent" and result["level"] == 2
+    assert result["mean_reward"] == pytest.approx(state["stages"][1]["eval_reward"])
+    assert all(isinstance(s["completion"], list) for s in result["samples"])
+
+
+@pytest.mark.slow
+def test_grpo_trains_an_agent_task_on_a_4bit_lora_base(tmp_path):
+    out = tmp_path / "run"
+    extra = ["--method", "grpo", "--max_level", "1", "--load_in_4bit", "true",
+             "--use_lora", "true", "--lora_r", "4", "--lora_alpha", "8"]  # fmt: skip
+    assert main(agent_args(out, *extra)) == 0
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] and state["stages"][0]["steps"] == 2
+    assert (out / "final" / "adapter_config.json").exists()
+    model, tokenizer = load_for_evaluation(str(out / "final"))  # the 4-bit base it recorded
+    task = get_task("frozenlake_agent")
+    result = evaluate_first_attempts(model, tokenizer, task, 1, 4, max_new_tokens=96)
+    assert result.mean_reward == pytest.approx(state["stages"][0]["eval_reward"])
+
+
+@pytest.mark.slow
+def test_an_agent_run_in_two_processes(tmp_path):
+    out = tmp_path / "run"
+    log = tmp_path / "run.log"
+    args = agent_args(out, "--max_level", "1", "--use_cpu", "true")
+    # The main process builds the model and warms it up; the other waits and loads it.
+    run_two("-m", "pipeline.run", *args, log=log)
+    text = log.read_text()
+    assert "2 processes (MULTI_CPU" in text and text.count("[stage 1] level 1 | erl") == 1
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] and state["stages"][0]["steps"] == 2
+
+
+@pytest.mark.slow
+def test_a_comparison_of_erl_and_grpo_on_an_agent_task(tmp_path):
+    root = tmp_path / "compare"
+    run_args = agent_args(tmp_path / "unused")[2:]  # the recipe's overrides
+    run_args[run_args.index("--output_dir") + 1] = str(root)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.compare", "--config", RECIPE, "--methods", "erl,grpo",
+         "--seeds", "2", "--eval_every", "1", *run_args],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    comparison = json.loads((root / "comparison.json").read_text())
+    assert comparison["settings"]["methods"] == ["erl", "grpo"]
+    assert sorted(run["method"] for run in comparison["runs"]) == ["erl", "erl", "grpo", "grpo"]
