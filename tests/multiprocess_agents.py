@@ -14,11 +14,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # agent_env, a user's module
 
 from agent_env import GuessEnv, guess_dataset  # noqa: E402
+from rank_results import save_rank_result  # noqa: E402
 
 from pipeline import ERLConfig, ERLTrainer  # noqa: E402
 from rewards import completion_text  # noqa: E402
@@ -57,18 +56,7 @@ def train(model_dir: str, out: Path) -> None:
         environment_factory=GuessEnv,
     )
     trainer.train()
-    result = {
-        "world_size": trainer.accelerator.num_processes,
-        "params": {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()},
-        "metrics": [
-            {k: v for k, v in logs.items() if k.startswith("erl/")}
-            for logs in trainer.state.log_history
-            if "erl/r1_mean" in logs
-        ],
-        "memory": [(e.prompt, e.reflection) for e in trainer.memory],
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save(result, out / f"rank{trainer.accelerator.process_index}.pt")
+    save_rank_result(trainer, out)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
+from rank_results import save_rank_result
 
 from curriculum.tasks import get_task
 from pipeline import ERLConfig, ERLTrainer
@@ -100,18 +101,7 @@ def train(model_dir: str, out: Path, batch_size: int, gate: str) -> None:
         feedback_func=feedback,
     )
     trainer.train()
-    result = {
-        "world_size": trainer.accelerator.num_processes,
-        "params": {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()},
-        "metrics": [
-            {k: v for k, v in logs.items() if k.startswith("erl/")}
-            for logs in trainer.state.log_history
-            if "erl/r1_mean" in logs
-        ],
-        "memory": [(e.prompt, e.reflection) for e in trainer.memory],
-    }
-    (out / gate).mkdir(parents=True, exist_ok=True)
-    torch.save(result, out / gate / f"rank{trainer.accelerator.process_index}.pt")
+    save_rank_result(trainer, out / gate)
 
 
 if __name__ == "__main__":
