@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from curriculum.tasks.answer_tags import failed_evaluation
 from curriculum.tasks.base import Evaluation, Row, Task
 
 Message = dict[str, Any]
@@ -135,7 +136,8 @@ class AgentTask(Task):
     @abstractmethod
     def judge(self, row: Row, environment: Any, played: Played) -> Evaluation:
         """The verdict on an episode, from the environment it left (`play`) and the
-        replayed calls and reply. Never raises on model output."""
+        replayed calls and reply. Never raises on model output. A completion that is not
+        an episode at all never reaches it (`evaluate` fails it with every signal 0)."""
 
     # What every agent task shares ------------------------------------------------------
 
@@ -180,6 +182,8 @@ class AgentTask(Task):
 
     def evaluate(self, row: Row, completion: Any) -> Evaluation:
         environment, played = self.play(row, completion)
+        if played.malformed is not None:  # not an episode: nothing to judge
+            return failed_evaluation(self.signals, played.malformed)
         return self.judge(row, environment, played)
 
     def reference(self, row: Row) -> list[Message]:

@@ -42,12 +42,10 @@ from curriculum.tasks.frozenlake import (
     map_text,
 )
 from curriculum.tasks.move_plan import step
+from curriculum.tasks.move_tool import NAMES, MoveTurns, plan_calls
 
 # level -> tool calls allowed: the map's levels, with room for a few mistakes.
 TURN_LIMITS: dict[int, int] = {1: 6, 2: 8, 3: 10, 4: 12, 5: 14, 6: 16}
-
-DIRECTIONS = {"up": "U", "down": "D", "left": "L", "right": "R"}
-_NAMES = {letter: name for name, letter in DIRECTIONS.items()}
 
 SYSTEM_PROMPT = (
     "You are on a frozen lake. Walk from the start S to the goal G without stepping into a "
@@ -64,7 +62,7 @@ class FrozenLakeAgentConfig(TaskConfig):
     pass
 
 
-class FrozenLakeEnv:
+class FrozenLakeEnv(MoveTurns):
     """One FrozenLake episode for TRL's `environment_factory`; the tool is `move`."""
 
     def __init__(self) -> None:
@@ -74,13 +72,13 @@ class FrozenLakeEnv:
         self.grid = grid
         self.position = tuple(start)
         self.goal = tuple(goal)
-        self.turns_left = turns
         self.outcome = "playing"  # or "goal", "hole"
         self.hole: tuple[int, int] | None = None
         """The hole fallen into; `position` stays the last safe cell."""
-        self.moves: list[str] = []
-        """Every move taken, effective or not."""
-        self.no_effect = 0
+        self._start_turns(turns)
+
+    def _over(self) -> bool:
+        return self.outcome != "playing"
 
     def reset(self, meta: str, level: int, **row: Any) -> None:
         data = json.loads(meta)
@@ -92,24 +90,13 @@ class FrozenLakeEnv:
         Args:
             direction: One of up, down, left, right.
         """
-        key = str(direction).strip().lower()
-        letter = DIRECTIONS.get(key) or (key.upper() if key.upper() in _NAMES else None)
-        if letter is None:
-            raise ValueError(
-                f"direction must be up, down, left or right, got {ascii(str(direction)[:20])}"
-            )
-        if self.outcome != "playing":
-            self.no_effect += 1
-            return "The episode is over; reply with a short final message."
-        if self.turns_left <= 0:
-            self.no_effect += 1
-            return "No moves left; reply with a short final message."
-        self.turns_left -= 1
-        self.moves.append(letter)
+        letter, refused = self._begin_move(direction)
+        if refused is not None:
+            return refused
         target = step(self.position, letter)
         if not _on_map(self.grid, target):
             self.no_effect += 1
-            text = f"Your move {_NAMES[letter]} had no effect: the edge of the map is there."
+            text = f"Your move {NAMES[letter]} had no effect: the edge of the map is there."
         else:
             symbol = self.grid[target[0]][target[1]]
             if symbol == "H":
@@ -119,7 +106,7 @@ class FrozenLakeEnv:
             if symbol == "G":
                 self.outcome = "goal"
                 return f"You reached the goal at {_fmt(target)}! Reply with a short final message."
-            text = f"You moved {_NAMES[letter]} to {_fmt(target)}."
+            text = f"You moved {NAMES[letter]} to {_fmt(target)}."
         return f"{text}\n{self._board()}\nMoves left: {self.turns_left}."
 
     def _board(self) -> str:
@@ -155,7 +142,7 @@ class FrozenLakeAgentTask(AgentTask):
         )
 
     def solution(self, row: Row) -> tuple[list[ToolCall], str]:
-        return [("move", {"direction": _NAMES[m]}) for m in row["answer"].split()], FINAL_REPLY
+        return plan_calls(row["answer"]), FINAL_REPLY
 
     def judge(self, row: Row, environment: FrozenLakeEnv, played: Played) -> Evaluation:
         meta = self.meta(row)
@@ -178,8 +165,6 @@ class FrozenLakeAgentTask(AgentTask):
                 f"The walk ends {_moves(remaining)} from the goal; the start was "
                 f"{_moves(initial)} away."
             )
-        if played.malformed is not None:
-            return Evaluation(0.0, dict.fromkeys(self.signals, 0.0), feedback, played.malformed)
         return Evaluation(breakdown["correctness"], breakdown, feedback)
 
 
@@ -202,6 +187,6 @@ def _summary(environment: FrozenLakeEnv, remaining: int, initial: int) -> str:
     if environment.no_effect:
         parts.append(f"{environment.no_effect} action(s) had no effect.")
     if environment.moves:
-        parts.append(f"Last action taken: {_NAMES[environment.moves[-1]]}.")
+        parts.append(f"Last action taken: {NAMES[environment.moves[-1]]}.")
     parts.append(f"Final state: {state}.")
     return " ".join(parts)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from curriculum.tasks.agent import AgentTask, Played, ToolCall
-from curriculum.tasks.answer_tags import extract_answer, failed_evaluation
+from curriculum.tasks.answer_tags import extract_answer
 from curriculum.tasks.base import Evaluation, Row, TaskConfig
 
 # level -> (people, companies, cities, countries) in its knowledge base.
@@ -346,8 +346,6 @@ class LookupTask(AgentTask):
         ], f"<answer>{row['answer']}</answer>"
 
     def judge(self, row: Row, environment: LookupEnv, played: Played) -> Evaluation:
-        if played.malformed is not None:
-            return failed_evaluation(self.signals, played.malformed)
         chain = self.meta(row)["chain"]
         steps = chain[:-1]  # the entries to look up; the last one names the answer
         tag = extract_answer(played.reply)

@@ -31,15 +31,13 @@ from typing import Any
 from curriculum.tasks.agent import AgentTask, Played, ToolCall
 from curriculum.tasks.base import Evaluation, Row, TaskConfig
 from curriculum.tasks.move_plan import Cell, step
+from curriculum.tasks.move_tool import NAMES, MoveTurns, plan_calls
 from curriculum.tasks.sokoban import LEVELS, Puzzle, SokobanTask, _fmt, _in_corner
 
 # level -> tool calls allowed. Reference plans vary in length: over 20,000 draws per level
 # the longest were 8, 23, 31, 32 and 50 moves; the limits leave room beyond those and for
 # a few mistakes. A draw whose plan would not fit is drawn again (see `_generate_one`).
 TURN_LIMITS: dict[int, int] = {1: 12, 2: 28, 3: 40, 4: 40, 5: 60}
-
-DIRECTIONS = {"up": "U", "down": "D", "left": "L", "right": "R"}
-_NAMES = {letter: name for name, letter in DIRECTIONS.items()}
 
 SYSTEM_PROMPT = (
     "Solve the Sokoban puzzle: push every box onto a goal. Map: # wall, _ floor, @ you, "
@@ -62,7 +60,7 @@ class SokobanAgentConfig(TaskConfig):
     pass
 
 
-class SokobanEnv:
+class SokobanEnv(MoveTurns):
     """One Sokoban episode for TRL's `environment_factory`; the tool is `move`."""
 
     def __init__(self) -> None:
@@ -73,11 +71,11 @@ class SokobanEnv:
         """The starting position: the room, the goals and where the boxes began."""
         self.boxes: set[Cell] = set(puzzle.boxes)
         self.player = puzzle.player
-        self.turns_left = turns
         self.solved = self.boxes <= puzzle.goals
-        self.moves: list[str] = []
-        """Every move taken, effective or not."""
-        self.no_effect = 0
+        self._start_turns(turns)
+
+    def _over(self) -> bool:
+        return self.solved
 
     def reset(self, meta: str, level: int, **row: Any) -> None:
         self._reset_state(Puzzle.from_rows(json.loads(meta)["map"]), TURN_LIMITS[level])
@@ -88,21 +86,10 @@ class SokobanEnv:
         Args:
             direction: One of up, down, left, right.
         """
-        key = str(direction).strip().lower()
-        letter = DIRECTIONS.get(key) or (key.upper() if key.upper() in _NAMES else None)
-        if letter is None:
-            raise ValueError(
-                f"direction must be up, down, left or right, got {ascii(str(direction)[:20])}"
-            )
-        if self.solved:
-            self.no_effect += 1
-            return "The episode is over; reply with a short final message."
-        if self.turns_left <= 0:
-            self.no_effect += 1
-            return "No moves left; reply with a short final message."
-        self.turns_left -= 1
-        self.moves.append(letter)
-        name = _NAMES[letter]
+        letter, refused = self._begin_move(direction)
+        if refused is not None:
+            return refused
+        name = NAMES[letter]
         target = step(self.player, letter)
         beyond = step(target, letter)
         if self.puzzle.blocked(target):
@@ -168,7 +155,7 @@ class SokobanAgentTask(AgentTask):
         return self.make_row(level, SYSTEM_PROMPT, user, puzzle["answer"], **meta)
 
     def solution(self, row: Row) -> tuple[list[ToolCall], str]:
-        return [("move", {"direction": _NAMES[m]}) for m in row["answer"].split()], FINAL_REPLY
+        return plan_calls(row["answer"]), FINAL_REPLY
 
     def judge(self, row: Row, environment: SokobanEnv, played: Played) -> Evaluation:
         total = len(environment.boxes)
@@ -186,8 +173,6 @@ class SokobanAgentTask(AgentTask):
         if not solved:
             feedback["correctness"] = _summary(environment, on_goals, total)
             feedback["milestones"] = f"{on_goals} of {total} boxes are on goals."
-        if played.malformed is not None:
-            return Evaluation(0.0, dict.fromkeys(self.signals, 0.0), feedback, played.malformed)
         return Evaluation(breakdown["correctness"], breakdown, feedback)
 
 
@@ -210,7 +195,7 @@ def _summary(environment: SokobanEnv, on_goals: int, total: int) -> str:
             "it can never reach a goal."
         )
     if environment.moves:
-        parts.append(f"Last action taken: {_NAMES[environment.moves[-1]]}.")
+        parts.append(f"Last action taken: {NAMES[environment.moves[-1]]}.")
     boxes = ", ".join(_fmt(cell) for cell in off)
     parts.append(
         f"Final state: you at {_fmt(environment.player)}, "
