@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from curriculum.tasks.agent import AgentTask, Played, ToolCall
+from curriculum.tasks.agent import Played
 from curriculum.tasks.base import Evaluation, Row, TaskConfig
 from curriculum.tasks.frozenlake import (
     LEVELS as MAP_LEVELS,
@@ -42,7 +42,7 @@ from curriculum.tasks.frozenlake import (
     map_text,
 )
 from curriculum.tasks.move_plan import step
-from curriculum.tasks.move_tool import NAMES, MoveTurns, plan_calls
+from curriculum.tasks.move_tool import NAMES, MoveTask, MoveTurns
 
 # level -> tool calls allowed: the map's levels, with room for a few mistakes.
 TURN_LIMITS: dict[int, int] = {1: 6, 2: 8, 3: 10, 4: 12, 5: 14, 6: 16}
@@ -53,8 +53,6 @@ SYSTEM_PROMPT = (
     "each call answers with the new map, P marking where you stand. When the walk is over, "
     "reply with a short final message."
 )
-
-FINAL_REPLY = "Done."
 
 
 @dataclass
@@ -117,20 +115,13 @@ class FrozenLakeEnv(MoveTurns):
         return "\n".join("".join(line) for line in rows)
 
 
-class FrozenLakeAgentTask(AgentTask):
+class FrozenLakeAgentTask(MoveTask):
     """FrozenLake walks played one `move` call per turn."""
 
     name = "frozenlake_agent"
     config_class = FrozenLakeAgentConfig
-    signals = ("format", "correctness", "milestones")
     environment_class = FrozenLakeEnv
-
-    @property
-    def num_levels(self) -> int:
-        return len(MAP_LEVELS)
-
-    def turn_limit(self, level: int) -> int:
-        return TURN_LIMITS[level]
+    turn_limits = TURN_LIMITS
 
     def _generate_one(self, level: int, rng: random.Random) -> Row:
         size, holes = MAP_LEVELS[level]
@@ -140,9 +131,6 @@ class FrozenLakeAgentTask(AgentTask):
         return self.make_row(
             level, SYSTEM_PROMPT, user, " ".join(plan), map=grid, start=start, goal=goal
         )
-
-    def solution(self, row: Row) -> tuple[list[ToolCall], str]:
-        return plan_calls(row["answer"]), FINAL_REPLY
 
     def judge(self, row: Row, environment: FrozenLakeEnv, played: Played) -> Evaluation:
         meta = self.meta(row)

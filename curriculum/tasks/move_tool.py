@@ -1,5 +1,6 @@
 """The `move(direction)` tool of the grid agent tasks (`frozenlake_agent`, `sokoban_agent`):
-reading a direction, the turn limit, and the moves an episode took.
+reading a direction, the turn limit, the moves an episode took, and `MoveTask`, what the
+two tasks share (turn limits per level, the reference plan played as move calls).
 
 An environment subclasses `MoveTurns`, defines its own `move` tool (its docstring is what
 the model is shown) and starts it with `_begin_move`, which reads the direction and
@@ -14,9 +15,10 @@ spends a turn, or says why the move is refused:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from curriculum.tasks.agent import ToolCall
+from curriculum.tasks.agent import AgentTask, ToolCall
+from curriculum.tasks.base import Row
 
 DIRECTIONS = {"up": "U", "down": "D", "left": "L", "right": "R"}
 NAMES = {letter: name for name, letter in DIRECTIONS.items()}
@@ -68,3 +70,24 @@ class MoveTurns:
         self.turns_left -= 1
         self.moves.append(letter)
         return letter, None
+
+
+class MoveTask(AgentTask):
+    """An agent task played with `move`, whose rows' `answer` is a move plan that solves
+    them (e.g. "R R D"). Its levels are those of `turn_limits`."""
+
+    signals = ("format", "correctness", "milestones")
+    turn_limits: ClassVar[dict[int, int]]
+    """Level -> tool calls an episode may make (the environment refuses more)."""
+    final_reply: ClassVar[str] = "Done."
+    """The reference episode's closing reply (its text is not scored)."""
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.turn_limits)
+
+    def turn_limit(self, level: int) -> int:
+        return self.turn_limits[level]
+
+    def solution(self, row: Row) -> tuple[list[ToolCall], str]:
+        return plan_calls(row["answer"]), self.final_reply

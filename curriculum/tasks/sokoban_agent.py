@@ -28,11 +28,11 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from curriculum.tasks.agent import AgentTask, Played, ToolCall
+from curriculum.tasks.agent import Played
 from curriculum.tasks.base import Evaluation, Row, TaskConfig
 from curriculum.tasks.move_plan import Cell, step
-from curriculum.tasks.move_tool import NAMES, MoveTurns, plan_calls
-from curriculum.tasks.sokoban import LEVELS, Puzzle, SokobanTask, _fmt, _in_corner
+from curriculum.tasks.move_tool import NAMES, MoveTask, MoveTurns
+from curriculum.tasks.sokoban import Puzzle, SokobanTask, _fmt, _in_corner
 
 # level -> tool calls allowed. Reference plans vary in length: over 20,000 draws per level
 # the longest were 8, 23, 31, 32 and 50 moves; the limits leave room beyond those and for
@@ -47,8 +47,6 @@ SYSTEM_PROMPT = (
     "cannot pull. Each call answers with the new map. When every box is on a goal, or when "
     "you are done, reply with a short final message."
 )
-
-FINAL_REPLY = "Done."
 
 # The generator of `sokoban`, whose rows this family reshapes; it keeps no state.
 _PUZZLES = SokobanTask()
@@ -125,20 +123,13 @@ class SokobanEnv(MoveTurns):
         return "\n".join(now.rows())
 
 
-class SokobanAgentTask(AgentTask):
+class SokobanAgentTask(MoveTask):
     """Sokoban puzzles played one `move` call per turn."""
 
     name = "sokoban_agent"
     config_class = SokobanAgentConfig
-    signals = ("format", "correctness", "milestones")
     environment_class = SokobanEnv
-
-    @property
-    def num_levels(self) -> int:
-        return len(LEVELS)
-
-    def turn_limit(self, level: int) -> int:
-        return TURN_LIMITS[level]
+    turn_limits = TURN_LIMITS
 
     def _generate_one(self, level: int, rng: random.Random) -> Row:
         # sokoban's own draw, so the puzzles are its puzzles for the same seed; one whose
@@ -153,9 +144,6 @@ class SokobanAgentTask(AgentTask):
         meta = self.meta(puzzle)
         user = puzzle["prompt"][-1]["content"] + f"\nYou have {TURN_LIMITS[level]} moves."
         return self.make_row(level, SYSTEM_PROMPT, user, puzzle["answer"], **meta)
-
-    def solution(self, row: Row) -> tuple[list[ToolCall], str]:
-        return plan_calls(row["answer"]), FINAL_REPLY
 
     def judge(self, row: Row, environment: SokobanEnv, played: Played) -> Evaluation:
         total = len(environment.boxes)
