@@ -160,6 +160,7 @@ class AgentTask(Task):
         plain reply) on a fresh environment; returns it with what happened. Never raises
         on the completion."""
         environment, _ = self.start(row)
+        tools = {tool.__name__: tool for tool in environment_tools(environment)}  # once
         played = Played()
         messages = episode_messages(completion)
         if messages is None:
@@ -174,7 +175,7 @@ class AgentTask(Task):
             answered = _replies_after(messages, k)
             played.unanswered += max(0, len(calls) - answered)
             for call in calls[:answered]:
-                played.calls.append(_run_call(environment, call, len(played.calls)))
+                played.calls.append(_run_call(tools, call, len(played.calls)))
         last = messages[-1] if messages else {}
         if last.get("role") == "assistant" and isinstance(last.get("content"), str):
             played.reply = last["content"]
@@ -236,9 +237,10 @@ def _replies_after(messages: list[Message], k: int) -> int:
     return count
 
 
-def _run_call(environment: Any, call: Any, index: int) -> CallRecord:
-    """Run one call as TRL's tool loop does: an unknown tool or a raising one gives an
-    error reply (`{'error': ...}`, TRL's text) instead of an exception."""
+def _run_call(tools: dict[str, Callable], call: Any, index: int) -> CallRecord:
+    """Run one call (the episode's `index`-th) with `tools` by name, as TRL's tool loop
+    does: an unknown tool or a raising one gives an error reply (`{'error': ...}`, TRL's
+    text) instead of an exception."""
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):
         return CallRecord("unknown", None, str({"error": "Unsupported tool call."}), False)
@@ -249,7 +251,6 @@ def _run_call(environment: Any, call: Any, index: int) -> CallRecord:
             arguments = json.loads(arguments)
         except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             pass
-    tools = {tool.__name__: tool for tool in environment_tools(environment)}
     if index >= MAX_REPLAYED_CALLS:
         error = f"More than {MAX_REPLAYED_CALLS} calls; this one was not run."
     elif name not in tools:
