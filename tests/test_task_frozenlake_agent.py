@@ -211,3 +211,15 @@ def test_meta_holds_what_reset_reads():
     env = FrozenLakeEnv()
     assert env.reset(**row) is None
     assert env.grid == meta["map"] and env.position == tuple(meta["start"])
+
+
+def test_reward_functions_score_an_episode_without_the_prompt():
+    """Reward functions called outside TRL may get no `prompts`: the replay needs only the
+    row's columns (it once built the prompt and raised on None)."""
+    from rewards import build_reward_funcs
+
+    rows = TASK.generate(2, 4, seed=7)
+    funcs, _ = build_reward_funcs(TASK, {"correctness": 1.0})
+    columns = {k: [r[k] for r in rows] for k in ("task", "level", "answer", "meta")}
+    completions = [TASK.reference(r) for r in rows[:2]] + [[], "no"]
+    assert funcs[0](completions=completions, **columns) == [1.0, 1.0, 0.0, 0.0]

@@ -148,18 +148,22 @@ class AgentTask(Task):
     def start(self, row: Row) -> tuple[Any, list[Message]]:
         """A fresh environment reset for `row`, and the prompt the model sees: the row's,
         with the reset text appended to the last message (as TRL 1.15 does)."""
-        environment = self.make_environment()
-        observation = environment.reset(**row)
+        environment, observation = self._reset(row)
         prompt = [dict(message) for message in row["prompt"]]
         if isinstance(observation, str) and observation:
             prompt[-1]["content"] += observation
         return environment, prompt
 
+    def _reset(self, row: Row) -> tuple[Any, Any]:
+        """A new environment reset for `row`, and what its reset returned."""
+        environment = self.make_environment()
+        return environment, environment.reset(**row)
+
     def play(self, row: Row, completion: Any) -> tuple[Any, Played]:
         """Replay the answered tool calls of `completion` (an episode's messages, or a
         plain reply) on a fresh environment; returns it with what happened. Never raises
         on the completion."""
-        environment, _ = self.start(row)
+        environment, _ = self._reset(row)  # the prompt is not needed
         tools = {tool.__name__: tool for tool in environment_tools(environment)}  # once
         played = Played()
         messages = episode_messages(completion)
@@ -190,7 +194,7 @@ class AgentTask(Task):
     def reference(self, row: Row) -> list[Message]:
         """`solution` played into an episode: one assistant turn per call, each followed by
         the tool's reply, then the closing reply."""
-        environment, _ = self.start(row)
+        environment, _ = self._reset(row)  # the prompt is not needed
         tools = {tool.__name__: tool for tool in environment_tools(environment)}
         calls, reply = self.solution(row)
         messages: list[Message] = []
