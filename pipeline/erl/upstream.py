@@ -18,6 +18,8 @@ import torch
 from trl.chat_template_utils import parse_response
 from trl.trainer.utils import use_adapter
 
+from curriculum.tasks.agent import environment_tools
+
 # TRL 1.15.0, GRPOTrainer._compute_advantages ("sum_then_normalize"): the scalar reward, a
 # weighted nansum over the reward functions, NaN where every function returned None.
 
@@ -163,13 +165,7 @@ def with_observation(prompt: list, observation: Any) -> list:
 def rollout_tools(standalone: list, environment: Any) -> tuple[dict, dict]:
     """(sync, async) tools by name for one rollout in `environment` (None: the standalone
     tools only)."""
-    methods = []
-    if environment is not None:
-        methods = [
-            getattr(environment, name)
-            for name, _ in inspect.getmembers(type(environment), predicate=inspect.isfunction)
-            if name not in ("reset", "get_reward") and not name.startswith("_")
-        ]
+    methods = environment_tools(environment) if environment is not None else []
     sync, asynchronous = {}, {}
     for tool in [*standalone, *methods]:
         (asynchronous if inspect.iscoroutinefunction(tool) else sync)[tool.__name__] = tool
