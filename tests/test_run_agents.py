@@ -1,7 +1,8 @@
 """Agent tasks through `python -m pipeline.run`, `pipeline.evaluate` and `pipeline.compare`:
 what is refused up front, and (slow) the agent recipe end to end on a CPU: warm-up on the
 simulator's episodes, stages, a SIGKILL mid-stage and its resume, whole episodes in the
-log and in the evaluation, GRPO on a 4-bit LoRA base, two processes, a comparison."""
+log and in the evaluation, GRPO on a 4-bit LoRA base, Unsloth's trainer, two processes,
+a comparison."""
 
 from __future__ import annotations
 
@@ -153,6 +154,24 @@ def test_grpo_trains_an_agent_task_on_a_4bit_lora_base(tmp_path):
     task = get_task("frozenlake_agent")
     result = evaluate_first_attempts(model, tokenizer, task, 1, 4, max_new_tokens=96)
     assert result.mean_reward == pytest.approx(state["stages"][0]["eval_reward"])
+
+
+@pytest.mark.slow
+def test_an_agent_run_on_unsloths_trainer(tmp_path):
+    """The unsloth backend (Unsloth's CPU loader and its generated GRPO trainer under
+    ERLTrainer) trains an agent stage: TRL's tool loop runs inside Unsloth's trainer."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "pipeline.run", *agent_args(out, "--max_level", "1")]
+    done = run_process(command, None, "--backend", "unsloth")
+    assert "Unsloth" in done.stdout + done.stderr
+    assert json.loads((out / "run_config.json").read_text())["backend"] == "unsloth"
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] and state["stages"][0]["steps"] == 2
+    metrics = [
+        json.loads(line) for line in (out / "stage_1" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [m["stage_step"] for m in metrics if "loss" in m] == [1, 2]
+    assert all("tools/call_frequency" in m for m in metrics if "loss" in m)
 
 
 @pytest.mark.slow
