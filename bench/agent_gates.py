@@ -1,0 +1,162 @@
+"""Gate a on an agent task: before any RL, does a retry episode with a reflection in its
+system message solve more failed first episodes than a fresh episode of the same row?
+
+    python bench/agent_gates.py --task frozenlake_agent --level 1 --n 400
+
+The bench's rule (bench/learning_gates.py) applied to episodes, with ERL's own prompts:
+- the policy: the project's tool-calling tiny model after an SFT warm-up on the task's
+  solved episodes (`--warmup_steps`), drawn from training seeds, none of them a probe row;
+- first attempts: one sampled episode per probe row (`pipeline.evaluate.episodes`);
+- for each failed one: the task's feedback and reward, a sampled reflection from ERL's
+  reflection prompt (the episode turn by turn, memory empty as at step 1), then a retry
+  episode with the reflection in its system message (`lesson_in_system`), as ERLTrainer
+  retries an episode; beside it, the retry with the raw feedback as the lesson (no
+  reflection) and a fresh episode of the same row;
+- printed: each rate, and each retry minus fresh, paired per failed row, with its 95%
+  interval. Gate a passes when the retry after reflection is clearly above fresh (twice
+  its rate and 0.1 above it, `learning_gates.probe_passes`).
+
+Every sample is at temperature 1 with its own seed, as the arms sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from curriculum.tasks import get_task  # noqa: E402
+from curriculum.tasks.agent import environment_tools  # noqa: E402
+from pipeline.compare.stats import paired  # noqa: E402
+from pipeline.erl.prompts import (  # noqa: E402
+    DEFAULT_REFLECTION_PROMPT,
+    DEFAULT_RETRY_PROMPT,
+    attempt_text,
+    lesson_in_system,
+    memory_text,
+    reflection_prompt,
+)
+from pipeline.evaluate.held_out import prompt_key  # noqa: E402
+from pipeline.models.tiny import build_tiny_model  # noqa: E402
+from pipeline.models.tool_warmup import warm_up_on_episodes  # noqa: E402
+from rewards import build_feedback_func, build_reward_funcs  # noqa: E402
+
+PROBE_SEED = 500_000  # training seeds, as bench/learning_gates.py's probe
+WARM_SEED = 900_000  # the run's warm-up seeds (pipeline.run.warmup)
+WEIGHTS = {"correctness": 0.7, "milestones": 0.2, "format": 0.1}  # the agent recipe's
+
+
+def warm_model(
+    task, level: int, steps: int, examples: int, probe_keys: set[str]
+) -> tuple[str, int]:
+    """The tiny tool model warmed up on `examples` solved episodes at `level` whose prompts
+    are not probe prompts; cached by every setting. Returns the folder and the rows left out."""
+    rows = task.generate(level, examples, seed=WARM_SEED)
+    kept = [row for row in rows if prompt_key(row["prompt"]) not in probe_keys]
+    episodes = []
+    for row in kept:
+        _, prompt = task.start(row)
+        episodes.append(prompt + task.reference(row))
+    tools = environment_tools(task.make_environment())
+    key = hashlib.sha256(
+        json.dumps([task.name, level, steps, examples, sorted(probe_keys)]).encode()
+    ).hexdigest()[:16]
+    cache = REPO / ".cache" / "bench-agent" / key
+    base = build_tiny_model(str(cache / "base"), tool_calling=True)
+    folder = warm_up_on_episodes(base, episodes, tools, str(cache / "warm"), steps=steps, lr=3e-3)
+    return folder, len(rows) - len(kept)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="frozenlake_agent")
+    parser.add_argument("--level", type=int, default=1)
+    parser.add_argument("--n", type=int, default=400, help="probe rows")
+    parser.add_argument("--warmup_steps", type=int, default=300)
+    parser.add_argument("--warmup_examples", type=int, default=400)
+    parser.add_argument("--budget", type=int, default=256, help="an episode's tokens")
+    parser.add_argument("--reflection_tokens", type=int, default=48)
+    args = parser.parse_args()
+
+    from pipeline.evaluate.episodes import play_episodes
+    from pipeline.evaluate.first_attempts import generate_completions, load_for_evaluation
+
+    task = get_task(args.task)
+    rows = task.generate(args.level, args.n, seed=PROBE_SEED)
+    folder, left_out = warm_model(
+        task, args.level, args.warmup_steps, args.warmup_examples,
+        {prompt_key(row["prompt"]) for row in rows},
+    )  # fmt: skip
+    model, tokenizer = load_for_evaluation(folder)
+    reward_funcs, weights = build_reward_funcs(task, WEIGHTS)
+    feedback_func = build_feedback_func(task, WEIGHTS)
+
+    def episodes(rows_, seed):
+        return play_episodes(
+            model, tokenizer, task, rows_, max_completion_length=args.budget,
+            do_sample=True, seed=seed, batch_size=64, progress=False,
+        )  # fmt: skip
+
+    def solved(rows_, episodes_) -> list[float]:
+        return [float(task.evaluate(r, e).solved) for r, e in zip(rows_, episodes_)]
+
+    def with_lessons(rows_, lessons):
+        """The rows with their prompts carrying `lessons` as ERL's retries carry them."""
+        return [
+            {**r, "prompt": lesson_in_system(r["prompt"], DEFAULT_RETRY_PROMPT, lesson)}
+            for r, lesson in zip(rows_, lessons)
+        ]
+
+    first = episodes(rows, 1)
+    wrong = [i for i, ok in enumerate(solved(rows, first)) if not ok]
+    w_rows, w_first = [rows[i] for i in wrong], [first[i] for i in wrong]
+    columns = {k: [r[k] for r in w_rows] for k in ("task", "level", "answer", "meta")}
+    feedback = feedback_func(completions=w_first, **columns)
+    rewards = [0.0] * len(w_rows)
+    for func, weight in zip(reward_funcs, weights):
+        rewards = [r + weight * v for r, v in zip(rewards, func(completions=w_first, **columns))]
+    prompts = [
+        reflection_prompt(
+            task.start(r)[1], DEFAULT_REFLECTION_PROMPT, attempt=attempt_text(e, 4000)[0],
+            feedback=f, reward=x, memory=memory_text([]),
+        )
+        for r, e, f, x in zip(w_rows, w_first, feedback, rewards)
+    ]  # fmt: skip
+    reflections = generate_completions(
+        model, tokenizer, prompts, max_new_tokens=args.reflection_tokens, do_sample=True,
+        seed=2, batch_size=64, progress=False,
+    )  # fmt: skip
+    retried = solved(w_rows, episodes(with_lessons(w_rows, [t.strip() for t in reflections]), 3))
+    fresh = solved(w_rows, episodes(w_rows, 4))
+    raw = solved(w_rows, episodes(with_lessons(w_rows, feedback), 5))
+
+    out = {
+        "task": task.name,
+        "level": args.level,
+        "probe_rows": len(rows),
+        "warmup_rows_left_out_as_probe_rows": left_out,
+        "first_attempt_success": 1 - len(wrong) / len(rows),
+        "failed_first_attempts": len(wrong),
+        "resample_success": statistics.fmean(fresh) if fresh else float("nan"),
+    }
+    for name, values in (("retry_success_after_reflection", retried),
+                         ("retry_success_from_raw_feedback", raw)):  # fmt: skip
+        _, diff = paired(values, fresh)
+        out[name] = statistics.fmean(values) if values else float("nan")
+        out[f"{name}_minus_fresh"] = diff.mean
+        out[f"{name}_minus_fresh_95"] = [diff.low, diff.high]
+    fixed, again = out["retry_success_after_reflection"], out["resample_success"]
+    out["gate_a_passes"] = fixed >= max(2 * again, again + 0.1)
+    for i in range(min(2, len(w_rows))):
+        print(f"  feedback: {feedback[i]!r}\n  reflection: {reflections[i]!r}")
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
