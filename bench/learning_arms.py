@@ -589,8 +589,8 @@ def held_out(task, tokenizer, s: Settings):
     operand pair (and, to tell transfer from memorisation, as many training pairs, a fixed
     sample); other tasks: `eval_n` prompts from the held-out seeds."""
     if s.task == "hidden_rule":
-        splits = {"success": task.pair_rows(s.level, "held_out")}
-        train = task.pair_rows(s.level, "train")
+        splits = {"success": task.split_rows(s.level, "held_out")}
+        train = task.split_rows(s.level, "train")
         splits["train_success"] = random.Random(0).sample(
             train, min(len(train), len(splits["success"]))
         )

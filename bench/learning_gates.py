@@ -447,7 +447,7 @@ def probe_rows(task, s: Settings, n: int) -> list[dict]:
     """The probe's `n` training prompts: distinct operand pairs where the split has enough
     (hidden_rule), else `n` draws from the training seeds."""
     if s.task == "hidden_rule" and len(task.pairs(s.level, "train")) >= n:
-        rows = task.pair_rows(s.level, "train")
+        rows = task.split_rows(s.level, "train")
         return random.Random(500_000).sample(rows, n)
     return task.generate(s.level, n, seed=500_000)
 

@@ -76,7 +76,7 @@ NO_FOLDER = "no such folder: check the path (a hub id is namespace/name)"
 RUN_CASES = [
     case("task typo", ["--task", "arithmetik"],
      "error: --task: unknown task (arithmetik): choose one of arithmetic, countdown, dataset, "
-     "frozenlake, frozenlake_agent, hidden_rule, lookup, reasoning_gym, schedule, sokoban, "
+     "frozenlake, frozenlake_agent, hidden_code, hidden_rule, lookup, reasoning_gym, schedule, sokoban, "
      "sokoban_agent, or give your own Task "
      "subclass as package.module:ClassName"),
     case("task_config key", ["--task_config", '{"colour": "red"}'],
@@ -423,7 +423,7 @@ EVALUATE_CASES = [
      "(PEFT adapter) or checkpoint-N subfolders (also under checkpoints/) holding one"),
     case("task typo", ["--task", "arithmetik"],
      "error: --task: unknown task (arithmetik): choose one of arithmetic, countdown, dataset, "
-     "frozenlake, frozenlake_agent, hidden_rule, lookup, reasoning_gym, schedule, sokoban, "
+     "frozenlake, frozenlake_agent, hidden_code, hidden_rule, lookup, reasoning_gym, schedule, sokoban, "
      "sokoban_agent, or give your own Task "
      "subclass as package.module:ClassName"),
     case("task module that does not import", ["--task", "no_such_module_here:ReverseTask"],

@@ -61,7 +61,7 @@ def test_levels_raise_the_rules_complexity():
 
 def test_feedback_names_direction_and_size_but_never_the_answer_or_the_rule():
     task = get_task("hidden_rule", rule_seed=5)
-    row = task.pair_rows(1, "train")[0]
+    row = task.split_rows(1, "train")[0]
     answer, rule = row["answer"], task.rule_text(1)
     for reply, direction in (
         ("<answer>1</answer>", "too low"),
@@ -81,9 +81,9 @@ def test_feedback_names_direction_and_size_but_never_the_answer_or_the_rule():
     )
 
 
-def test_pair_rows_cover_a_split_once_and_fixed_splits_ignore_the_seed():
+def test_split_rows_cover_a_split_once_and_fixed_splits_ignore_the_seed():
     task = HiddenRuleTask()
-    held = task.pair_rows(1, "held_out")
+    held = task.split_rows(1, "held_out")
     assert len(held) == 20 == len({r["prompt"][1]["content"] for r in held})
     fixed = get_task("hidden_rule", split="held_out")
     assert all(fixed.meta(r)["split"] == "held_out" for r in fixed.generate(1, 20, seed=0))

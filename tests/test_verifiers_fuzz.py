@@ -44,6 +44,7 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "reasoning_gym-sokoban": ("reasoning_gym", {"dataset": "sokoban"}),
     "dataset": ("dataset", {}),  # its path is filled in by `_task`
     "hidden_rule": ("hidden_rule", {}),
+    "hidden_code": ("hidden_code", {}),
     "frozenlake_agent": ("frozenlake_agent", {}),
     "sokoban_agent": ("sokoban_agent", {}),
     "lookup": ("lookup", {}),

@@ -143,14 +143,6 @@ class Task(ABC):
     def _generate_one(self, level: int, rng: random.Random) -> Row:
         """One row at `level`, drawn with `rng`."""
 
-    @abstractmethod
-    def evaluate(self, row: Row, completion: str) -> Evaluation:
-        """Score `completion` for `row`. Never raises on model output."""
-
-    @abstractmethod
-    def reference(self, row: Row) -> str:
-        """A completion that solves `row` (scores reward 1.0)."""
-
     # Helpers shared by the families ------------------------------------------------
 
     def make_row(self, level: int, system: str, user: str, answer: str, **meta: Any) -> Row:
@@ -168,3 +160,39 @@ class Task(ABC):
         """The decoded `meta` column of a row."""
         value = row.get("meta") or "{}"
         return json.loads(value) if isinstance(value, str) else dict(value)
+
+
+class SplitTask(Task):
+    """A family that holds out part of each level's problems itself (hidden_rule's operand
+    pairs, hidden_code's letter combinations): its config's `split` is 'auto' (a draw with
+    a held-out seed takes a held-out problem, any other a training one), 'train',
+    'held_out' or 'all', and `_draw_in_split` draws one row of a split."""
+
+    def generate(self, level: int, n: int, seed: int = 0) -> list[Row]:
+        """`n` rows at `level`; row i is drawn with seed + i from the split it falls in."""
+        self.check_level(level)
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rows = []
+        for draw in range(seed, seed + n):
+            split = self.config.split
+            if split == "auto":
+                split = "held_out" if self.held_out_seed(draw) else "train"
+            rows.append(self._draw_in_split(level, draw, split))
+        return rows
+
+    @abstractmethod
+    def _draw_in_split(self, level: int, seed: int, split: str) -> Row:
+        """One row at `level` from `split` ('train', 'held_out' or 'all'), drawn with `seed`."""
+
+    def _generate_one(self, level: int, rng: random.Random) -> Row:
+        # Not used: `generate` picks the split from the seed, which an rng does not carry.
+        raise NotImplementedError(f"{type(self).__name__}.generate draws its rows by split")
+
+    @abstractmethod
+    def evaluate(self, row: Row, completion: str) -> Evaluation:
+        """Score `completion` for `row`. Never raises on model output."""
+
+    @abstractmethod
+    def reference(self, row: Row) -> str:
+        """A completion that solves `row` (scores reward 1.0)."""

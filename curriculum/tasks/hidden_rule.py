@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 
 from curriculum.tasks.arithmetic import evaluate_integer
-from curriculum.tasks.base import HELD_OUT_SEED_BASE, Evaluation, Row, Task, TaskConfig
+from curriculum.tasks.base import HELD_OUT_SEED_BASE, Evaluation, Row, SplitTask, TaskConfig  # noqa: F401 (re-exported)
 
 # level -> (rule: a sum of products of a, b and the constants; digits per operand;
 #           {constant: (low, high)})
@@ -99,7 +99,7 @@ class HiddenRuleConfig(TaskConfig):
             )
 
 
-class HiddenRuleTask(Task):
+class HiddenRuleTask(SplitTask):
     """`a # b` under a rule the prompt never states; the reply is `<answer>N</answer>`."""
 
     name = "hidden_rule"
@@ -143,24 +143,13 @@ class HiddenRuleTask(Task):
             raise ValueError(f"split must be 'train', 'held_out' or 'all', got {split!r}")
         return list(self._pairs(level, split))
 
-    def pair_rows(self, level: int, split: str) -> list[Row]:
+    def split_rows(self, level: int, split: str) -> list[Row]:
         """One row per operand pair of `split`, in order (a whole split, e.g. to evaluate)."""
         return [self._row(level, a, b, split) for a, b in self.pairs(level, split)]
 
     # The task API -----------------------------------------------------------------------
 
-    def generate(self, level: int, n: int, seed: int = 0) -> list[Row]:
-        """`n` rows at `level`; row i uses Random(seed + i) and, with split 'auto', the
-        held-out pairs when seed + i >= HELD_OUT_SEED_BASE, else the training pairs."""
-        self.check_level(level)
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        return [self._draw(level, seed + i) for i in range(n)]
-
-    def _draw(self, level: int, seed: int) -> Row:
-        split = self.config.split
-        if split == "auto":
-            split = "held_out" if seed >= HELD_OUT_SEED_BASE else "train"
+    def _draw_in_split(self, level: int, seed: int, split: str) -> Row:
         a, b = random.Random(seed).choice(self._pairs(level, split))
         return self._row(level, a, b, split)
 
@@ -173,10 +162,6 @@ class HiddenRuleTask(Task):
                 f"max_operand {high} leaves level {level} no operands: it must exceed {low}"
             )
         return _pairs(low, high, self.config.held_out_mod, split)
-
-    def _generate_one(self, level: int, rng: random.Random) -> Row:
-        # Not used: `generate` picks the split from the seed, which an rng does not carry.
-        raise NotImplementedError("HiddenRuleTask.generate draws its rows itself")
 
     def _row(self, level: int, a: int, b: int, split: str) -> Row:
         symbol = self.config.symbol

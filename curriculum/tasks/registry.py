@@ -32,6 +32,7 @@ _BUILT_IN: dict[str, str] = {
     "reasoning_gym": "curriculum.tasks.reasoning_gym_adapter:ReasoningGymTask",
     "dataset": "curriculum.tasks.dataset_task:DatasetTask",
     "hidden_rule": "curriculum.tasks.hidden_rule:HiddenRuleTask",
+    "hidden_code": "curriculum.tasks.hidden_code:HiddenCodeTask",
     "lookup": "curriculum.tasks.lookup:LookupTask",
 }
 _REGISTERED: dict[str, type[Task]] = {}  # register_task's, in this process
