@@ -31,6 +31,7 @@ def settings(**overrides):
     """The ERLConfig options the step reads, at ERLConfig's defaults."""
     values = dict(
         reward_threshold=1.0,
+        enable_reflection=True,
         enable_internalization=True,
         internalization_coef=0.7,
         scale_rewards="group",
@@ -160,6 +161,35 @@ def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
         "erl/memory_confirmed": 1.0,
         "erl/attempts_cut": 0.0,
     }
+
+
+def test_without_reflection_each_failed_attempt_retries_with_its_own_feedback():
+    """enable_reflection=False (the raw-feedback baseline): no reflection is generated or
+    trained, reflections_per_group is not read, every gated attempt's retry reads its own
+    feedback, successful retries are internalized, and the memory is left alone."""
+    questions = ["What is 1+1?", "What is 1+1?", "What is 2+2?", "What is 4+4?"]
+    r1 = torch.tensor([0.0, 0.5, 0.2, 1.0])
+    backend = Backend(solvable={"What is 1+1?"})
+    first = first_attempts(questions, r1)
+    first.completions[1] = [{"role": "assistant", "content": "guess again"}]
+    memory = ReflectionMemory(10)
+    step = ERLStep(settings(enable_reflection=False, reflections_per_group=1), memory)
+    result = step(backend, first, step=3)
+
+    ((retries, _),) = backend.generated  # one generate call: the retries
+    assert [content(p) for p in retries] == [
+        "What is 1+1?\n\nAdvice from a previous attempt: not guess",
+        "What is 1+1?\n\nAdvice from a previous attempt: not guess again",
+        "What is 2+2?\n\nAdvice from a previous attempt: not guess",
+    ]
+    rows = result.rows
+    # Three retries (alone in their reflection's slot: r2 - r1 within the prompt's group),
+    # then the two successful ones internalized; no reflection row.
+    assert len(rows.advantages) == 5 and rows.advantages[3:] == [0.7, 0.7]
+    assert rows.completion_ids[:3] == [ids("right"), ids("right"), ids("wrong")]
+    assert len(memory) == 0
+    assert result.metrics["erl/reflections"] == 0.0 and result.metrics["erl/retries"] == 3.0
+    assert result.metrics["erl/internalization_rows"] == 2.0
 
 
 def test_no_gated_row_adds_nothing():

@@ -130,6 +130,36 @@ def test_one_reflection_per_group_trains_a_step(tiny_model_dir, arithmetic_datas
     assert len(trainer.memory) <= 2  # a reflection enters at most once
 
 
+def test_without_reflection_retries_read_the_raw_feedback_and_train(
+    tiny_model_dir, arithmetic_dataset, erl_args
+):
+    """enable_reflection=False: no reflection is generated; each gated attempt retries with
+    its own feedback in the retry prompt, and the step trains."""
+    trainer = ERLTrainer(
+        model=tiny_model_dir,
+        args=erl_args(reward_threshold=2.0, max_steps=1, enable_reflection=False),
+        train_dataset=arithmetic_dataset,
+        reward_funcs=length_reward,
+        feedback_func=lambda completions, **kw: ["Feedback: the digit is 7."] * len(completions),
+    )
+    prompts = []
+    generate = trainer._generate_single_turn
+
+    def recording(prompt_ids, *args, **kwargs):
+        prompts.extend(trainer.processing_class.batch_decode(prompt_ids))
+        return generate(prompt_ids, *args, **kwargs)
+
+    trainer._generate_single_turn = recording
+    trainer.train()
+    (logged,) = [h for h in trainer.state.log_history if "loss" in h]
+    assert math.isfinite(logged["loss"]) and logged["erl/gated_fraction"] == 1.0
+    assert logged["erl/reflections"] == 0.0 and logged["erl/retries"] == 8.0
+    # Only the 8 first attempts and their 8 retries were generated, the retries from the feedback.
+    assert len(prompts) == 16
+    assert sum("Feedback: the digit is 7." in t for t in prompts) == 8
+    assert len(trainer.memory) == 0
+
+
 def test_feedback_func_wrong_count_names_the_function(tiny_model_dir, arithmetic_dataset, erl_args):
     def my_feedback(completions, **kwargs):
         return ["too short"]

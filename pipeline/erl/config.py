@@ -27,7 +27,6 @@ _MEMORY = "moved to the memory: ERLTrainer(memory=ReflectionMemory.from_config(a
 # them. An old recipe or run_config.json naming one is refused in one line (pipeline.run), but
 # a resumed run whose value was that default continues: it trained as today's code does.
 REMOVED_OPTIONS: dict[str, tuple[Any, str]] = {
-    "enable_reflection": (True, _NOTHING),
     "train_retries": (True, _NOTHING),
     "retry_advantage": (
         "group",
@@ -99,6 +98,15 @@ class ERLConfig(GRPOConfig):
         default=1.0,
         metadata={
             "help": "Weight of the internalization loss (CE on original prompt -> successful retry)."
+        },
+    )
+    enable_reflection: bool = field(
+        default=True,
+        metadata={
+            "help": "False: no reflection is written; every gated first attempt retries with "
+            "its own feedback in the retry template's {reflection}, and successful retries are "
+            "internalized as usual (the raw-feedback baseline: is a reflection worth its "
+            "tokens?). The memory and reflections_per_group are then not used."
         },
     )
     enable_memory: bool = field(

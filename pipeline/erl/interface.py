@@ -185,6 +185,7 @@ class StepSettings(Protocol):
     """The `ERLConfig` options the step reads (the memory's are the memory's own)."""
 
     reward_threshold: float
+    enable_reflection: bool
     enable_internalization: bool
     internalization_coef: float
     scale_rewards: str

@@ -249,9 +249,13 @@ class ERLStep:
         chosen = self._pad(first, gated, pad_to)
         plan = self._plan(processes, first, chosen, len(gated))
         feedback = self._feedback(backend, first, plan.reflecting)
-        shown = self._shown_per_row(processes, plan.reflecting, step)
-        reflections, cut = self._reflect(backend, first, plan.reflecting, feedback, shown)
-        lessons = [text.strip() for text in reflections.texts]
+        reflections, shown, cut = None, [], 0
+        if self.settings.enable_reflection:
+            shown = self._shown_per_row(processes, plan.reflecting, step)
+            reflections, cut = self._reflect(backend, first, plan.reflecting, feedback, shown)
+            lessons = [text.strip() for text in reflections.texts]
+        else:  # the raw-feedback baseline: each retry reads its own attempt's feedback
+            lessons = feedback
         retries, r2 = self._retry(
             backend, chosen, self._lessons_per_retry(processes, plan, lessons)
         )
@@ -263,7 +267,8 @@ class ERLStep:
         ]
         every = self._every_retry(processes, plan, chosen, r2, scored, success)
         advantages = self._credit(processes, plan, every)
-        self._remember(processes, plan, lessons, shown, every, step)
+        if reflections is not None:  # feedback is no lesson: nothing enters the memory
+            self._remember(processes, plan, lessons, shown, every, step)
         rows = self._new_rows(backend, plan, chosen, reflections, retries, advantages, success)
         internalized = sum(success) if self._internalizing() else 0
         metrics = self._metrics(backend, plan, r2, scored, success, internalized, rows)
@@ -299,7 +304,8 @@ class ERLStep:
         own); with 0 every gated row reflects and reads its own. `chosen`'s fillers reflect
         as fillers and read none. Every process computes the same plan."""
         keys = [prompt_key(p) for p in chosen.prompts]
-        k = self.settings.reflections_per_group
+        # Without reflections every gated row retries with its own attempt's feedback.
+        k = self.settings.reflections_per_group if self.settings.enable_reflection else 0
         every = processes.gather_object([(processes.index, key) for key in keys[:count]])
         ordinal: Counter[str] = Counter()
         slots: Counter[int] = Counter()  # reflections per process so far
@@ -511,26 +517,26 @@ class ERLStep:
         self, backend, plan, chosen, reflections, retries, advantages, success
     ) -> NewRows:
         for_reflections, for_retries = advantages
-        rows = NewRows(
-            reflections.prompt_ids,
-            reflections.completion_ids,
-            list(for_reflections),
-            list(plan.reflecting.valid),
-            backend.trainable(reflections.completion_ids),
-            list(reflections.logprobs),
-        )
         tried = retries.generated
-        rows.extend(
-            NewRows(
-                tried.prompt_ids,
-                tried.completion_ids,
-                list(for_retries),
-                list(chosen.valid),
-                backend.trainable(tried.completion_ids),
-                list(tried.logprobs),
-                list(retries.tool_masks),
-            )
+        rows = NewRows(
+            tried.prompt_ids,
+            tried.completion_ids,
+            list(for_retries),
+            list(chosen.valid),
+            backend.trainable(tried.completion_ids),
+            list(tried.logprobs),
+            list(retries.tool_masks),
         )
+        if reflections is not None:  # the reflections' rows come first, then the retries'
+            retry_rows, rows = rows, NewRows(
+                reflections.prompt_ids,
+                reflections.completion_ids,
+                list(for_reflections),
+                list(plan.reflecting.valid),
+                backend.trainable(reflections.completion_ids),
+                list(reflections.logprobs),
+            )
+            rows.extend(retry_rows)
         kept = [i for i, ok in enumerate(success) if ok] if self._internalizing() else []
         if kept:
             kept_ids = [tried.completion_ids[i] for i in kept]
@@ -564,7 +570,7 @@ class ERLStep:
                 mask.sum().item(),
                 float(sum(success)),
                 float(internalized),
-                float(sum(plan.reflecting.valid)),
+                float(sum(plan.reflecting.valid) if self.settings.enable_reflection else 0),
             ],
             device=r2.device,
         )
