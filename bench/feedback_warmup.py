@@ -31,6 +31,7 @@ beside it, not in the algorithm's package.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -157,6 +158,51 @@ def rule_rows(
             lessons = [rules[i]] * copies if memory_top_k and rng.random() < 0.5 else []
         out += _pair(task, row, reflection_template, retry_template, attempts[i], feedback[i],
                      rewards[i], lessons, rules[i])  # fmt: skip
+    return out
+
+
+def code_lesson(pairs: Sequence[tuple[str, str]]) -> str:
+    """A hidden-code lesson: 'Q=3 Z=8', each letter once, in the order given."""
+    return " ".join(f"{letter}={digit}" for letter, digit in dict(pairs).items())
+
+
+def code_rows(
+    task: Task,
+    rows: Sequence[Row],
+    codes: Sequence[dict[str, str]],
+    attempts: Sequence[str],
+    feedback_func: Callable[..., list[str]],
+    reward_funcs: Sequence[Callable[..., list[float]]],
+    reward_weights: Sequence[float],
+    *,
+    reflection_template: str,
+    retry_template: str,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """Two SFT rows (reflection, retry) per row of a hidden-code task, row i under the code
+    `codes[i]` (letter -> digit) with the wrong first attempt `attempts[i]` ("5 2 7"). The
+    feedback is the run's ("Q means 3, Z means 8"). The memory shown is, for half the rows,
+    nothing, else one lesson from the same code about one to three of its letters (what a
+    rulebook holds once retries have succeeded). The reflection is the lesson that follows:
+    each letter of the prompt whose digit the feedback names or the memory states, in the
+    prompt's order ('Q=3 Z=8'); the retry with it gives the answer. Rows of many codes teach
+    copying a lesson without teaching any one code."""
+    if not len(rows) == len(codes) == len(attempts):
+        raise ValueError(f"{len(rows)} rows, {len(codes)} codes and {len(attempts)} attempts")
+    rng = random.Random(seed)
+    feedback, rewards = _verdicts(rows, attempts, feedback_func, reward_funcs, reward_weights)
+    out = []
+    for row, code, attempt, text, reward in zip(rows, codes, attempts, feedback, rewards):
+        symbols = task.meta(row)["symbols"]
+        known = set(re.findall(r"\b([A-Z]) means \d", text))
+        lessons = []
+        if rng.random() < 0.5:
+            letters = rng.sample(sorted(code), rng.randint(1, 3))
+            lessons = [code_lesson((letter, code[letter]) for letter in letters)]
+            known |= set(letters)
+        reflection = code_lesson((s, code[s]) for s in symbols if s in known)
+        out += _pair(task, row, reflection_template, retry_template, attempt, text, reward,
+                     lessons, reflection)  # fmt: skip
     return out
 
 

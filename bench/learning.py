@@ -10,6 +10,8 @@
     python bench/learning.py --probe              # gate a only (the warm checkpoint)
     python bench/learning.py --probe --base smollm2 --rules 1:11   # gate a on SmolLM2, no
                                                   #   warm-up
+    python bench/learning.py --task hidden_code   # the positive control: a code whose lesson
+                                                  #   can be copied (issue 43)
     python bench/learning.py --task arithmetic --warmup_memory same_prompt   # the arithmetic
                                                   #   comparison (3 seeds, grpo, erl)
 
@@ -21,6 +23,13 @@
   held-out prompts are the operand pairs never trained on (125 at 24). Binary reward; the
   feedback names the error's direction and size ("it is 2 too low"). The regime of the ERL
   paper's gains.
+- hidden_code (issue 43): letters of a code shared by every prompt; the feedback names each
+  wrong letter's digit ("Q means 3"), so a lesson can be copied: the positive control.
+  `--rules LEVEL:RULE_SEED` (levels 1 and 2; the rule seed picks the code); held-out
+  prompts are combinations never trained on. Partial credit per letter (0.2) beside
+  correctness (0.8). Arms: grpo, grpo_matched, erl_defaults, erl_paper,
+  raw_feedback_retry (ERL with no reflection: each retry reads its own raw feedback) and
+  sdpo_mixed.
 - arithmetic: level-1 sums with a binary reward and the reveal feedback ("The correct answer
   is 8."): each lesson is a fact about one prompt, and the held-out prompts reuse the sums.
 
@@ -131,6 +140,25 @@ PRESETS = {
         eval_every=5,
     ),
 }
+# The positive control (issue 43): a code whose lesson can be copied ("Q means 3"). The
+# arms the issue names; partial credit per letter, so that GRPO, which never reads the
+# feedback, has a gradient before its first full decoding (gate c).
+PRESETS["hidden_code"] = PRESETS["hidden_rule"] | dict(
+    methods="grpo,grpo_matched,erl_defaults,erl_paper,raw_feedback_retry,sdpo_mixed",
+    rules="1:1,2:2,2:3",
+    tuning_rules="1:0",
+    warm_excludes="",
+    sweep_seeds="5",
+    style="code",
+    reward="partial",
+    steps=40,
+    lr="0.0002,grpo=0.0002,grpo_matched=0.0002,erl_defaults=0.0002,erl_paper=0.0002,"
+    "raw_feedback_retry=0.0002,sdpo_mixed=0.0002",
+    max_tokens=12,
+    reflection_tokens=16,
+    warmup_steps=1200,
+    max_operand=0,
+)
 PRESETS["arithmetic"] = PRESETS["hidden_rule"] | dict(
     methods="grpo,erl",
     seeds=3,
@@ -308,12 +336,14 @@ def check_rules(parser, opts) -> None:
     if not opts.warmup_steps and not (opts.probe and opts.base != "tiny"):
         parser.error("--warmup_steps 0: only the probe of a real model as it ships runs without "
                      "a warm-up (--probe --base smollm2, or your model's folder)")  # fmt: skip
-    if opts.task == "hidden_rule":
+    warm_levels = {"hidden_rule": gates.WARM_LEVELS, "hidden_code": gates.WARM_CODE_LEVELS}
+    if opts.task in warm_levels:
+        taught = warm_levels[opts.task]
         levels = {level for level, _ in opts.rules + opts.tuning_rules + opts.warm_excludes}
-        if not levels <= set(gates.WARM_LEVELS):
+        if not levels <= set(taught):
             parser.error(
-                f"--rules: level(s) {sorted(levels - set(gates.WARM_LEVELS))} are not among "
-                f"the levels the warm-up teaches to read, {list(gates.WARM_LEVELS)}"
+                f"--rules: level(s) {sorted(levels - set(taught))} are not among "
+                f"the levels the warm-up teaches to read, {list(taught)}"
             )
     if opts.sweep:
         if len(opts.sweep) < 3:

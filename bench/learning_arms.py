@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -65,7 +66,11 @@ FEEDBACK = {  # --style: what the feedback reports (it may name more signals tha
     "distance": {"correctness": 1.0, "milestones": 1.0},  # "too low ... off by 3"
     "reveal": {"correctness": 1.0},  # with reveal_answer: "The correct answer is 8."
     "rule": {"correctness": 1.0},  # hidden_rule: "The answer 7 is wrong: it is 2 too low."
+    "code": {"correctness": 1.0},  # hidden_code: "The answer 5 2 7 is wrong: Q means 3, ..."
 }
+# The families whose rule or code a rule seed picks (`--rules LEVEL:RULE_SEED`), each with a
+# held-out split the evaluation lists whole (`task.split_rows`).
+RULE_TASKS = ("hidden_rule", "hidden_code")
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,9 @@ ARMS = {
     # where none succeeded, the feedback on that very rollout. Mixed: half policy gradient.
     "sdpo_mixed": arm("sdpo", context="feedback", distillation_weight=0.5, **SDPO),
     "sdpo_pure": arm("sdpo", context="feedback", distillation_weight=1.0, **SDPO),
+    # ERL with no reflection (issue 43): each failed attempt retries with its own raw
+    # feedback, and successful retries are internalized. Is a reflection worth its tokens?
+    "raw_feedback_retry": arm(enable_reflection=False, lr_from="erl"),
 }
 ABLATIONS = {
     "erl_no_memory": arm(enable_memory=False, lr_from="erl"),
@@ -279,10 +287,23 @@ class Settings:
 
 
 def make_task(s: Settings, **config):
-    """The task of settings `s` (hidden_rule: its rule and operands)."""
+    """The task of settings `s` (hidden_rule: its rule and operands; hidden_code: its code)."""
     if s.task == "hidden_rule":
         return get_task("hidden_rule", rule_seed=s.rule_seed, max_operand=s.max_operand, **config)
+    if s.task == "hidden_code":
+        return get_task("hidden_code", rule_seed=s.rule_seed, **config)
     return get_task(s.task, reveal_answer=s.style == "reveal", **config)
+
+
+def states_the_rule(task, level: int, reflection: str) -> bool:
+    """hidden_rule: the reflection is the rule's statement. hidden_code: it states at least
+    one letter's digit and every digit it states is the code's (a lesson names only the
+    letters its prompt uses)."""
+    if task.name != "hidden_code":
+        return reflection == task.rule_text(level)
+    stated = re.findall(r"\b([A-Z])=(\d)\b", reflection)
+    code = task.code(level)
+    return bool(stated) and all(code.get(letter) == digit for letter, digit in stated)
 
 
 def make_funcs(task, s: Settings):
@@ -294,7 +315,7 @@ def make_funcs(task, s: Settings):
 
 def train_rows(task, s: Settings, seed: int) -> list[dict]:
     """The rows of one seed, the same for every arm, drawn below the held-out seeds."""
-    from curriculum.tasks.hidden_rule import HELD_OUT_SEED_BASE
+    from curriculum.tasks.base import HELD_OUT_SEED_BASE
 
     n, base = s.steps * s.prompts_per_step, 100_000 * (seed + 1)
     if not 0 <= seed or base + n > HELD_OUT_SEED_BASE:
@@ -585,10 +606,11 @@ class Recorder(TrainerCallback):
 
 
 def held_out(task, tokenizer, s: Settings):
-    """The evaluation: greedy first attempts, no reflection. hidden_rule: every held-out
-    operand pair (and, to tell transfer from memorisation, as many training pairs, a fixed
-    sample); other tasks: `eval_n` prompts from the held-out seeds."""
-    if s.task == "hidden_rule":
+    """The evaluation: greedy first attempts, no reflection. hidden_rule and hidden_code:
+    every held-out operand pair or letter combination (and, to tell transfer from
+    memorisation, as many training ones, a fixed sample); other tasks: `eval_n` prompts from
+    the held-out seeds."""
+    if s.task in RULE_TASKS:
         splits = {"success": task.split_rows(s.level, "held_out")}
         train = task.split_rows(s.level, "train")
         splits["train_success"] = random.Random(0).sample(

@@ -30,10 +30,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from datasets import Dataset, concatenate_datasets
-from feedback_warmup import feedback_rows, rule_rows
+from feedback_warmup import code_rows, feedback_rows, rule_rows
 from learning_arms import (
     REFLECTION_TEMPLATE,
     RETRY_TEMPLATE,
+    RULE_TASKS,
     Settings,
     common_args,
     config_fingerprint,
@@ -41,6 +42,7 @@ from learning_arms import (
     load_model,
     make_funcs,
     make_task,
+    states_the_rule,
 )
 from transformers import AutoTokenizer
 
@@ -56,6 +58,7 @@ from pipeline.run.warmup import reference_dataset, sft_warmup, warmup_config
 # only other symbols, its reflections on '#' prompts named one of those: 'a~b = a+b+5').
 WARM_SYMBOLS = ("@", "$", "&", "%", "~", "#")
 WARM_LEVELS = (1, 2)  # the rule forms the warm-up teaches to read: a+b+k and a*k+b
+WARM_CODE_LEVELS = (1, 2)  # hidden_code: the code sizes its warm-up shows (5 and 6 letters)
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ def warm_dataset(s: Settings, excluded: Sequence[tuple[int, int]] = ()) -> Datas
         }
         kept_out.add(task.rule_text(s.level))
         parts.append(_hidden_rule_rows(task, s, reward_funcs, weights, feedback_func, kept_out))
+    elif s.task == "hidden_code":
+        parts.append(_hidden_code_rows(task, s, reward_funcs, weights, feedback_func, excluded))
     else:
         if s.reference_examples:
             parts.append(reference_dataset(task, 1, s.reference_examples, seed=900_000))
@@ -232,6 +237,72 @@ def _hidden_rule_rows(task, s: Settings, reward_funcs, weights, feedback_func,
     return concatenate_datasets([Dataset.from_list(rows + prior_rows(task, s)), plain])
 
 
+def _kept_out_codes(s: Settings, excluded: Sequence[tuple[int, int]]) -> list:
+    """The hidden-code tasks of the run's code and of every code of `excluded`."""
+    seeds = sorted({(s.level, s.rule_seed), *excluded})
+    return [(level, get_task("hidden_code", rule_seed=seed)) for level, seed in seeds]
+
+
+def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
+                      excluded: Sequence[tuple[int, int]]) -> Dataset:  # fmt: skip
+    """Copying a lesson, over many codes: `feedback_examples` (reflection, retry) pairs
+    from `code_rows`, half as many retries from the raw feedback (the `raw_feedback_retry`
+    arm's prompt) and as many SDPO teacher rows, and a third as many unhinted questions
+    answered with random digits (the prior: any letter any digit, the same for every code).
+
+    A decoy is a code drawn from a rule seed of its own, at a level of WARM_CODE_LEVELS;
+    its first attempt is random digits. A decoy that is a kept-out code (the run's and the
+    comparison's others), or that poses a combination one of them holds out, is drawn
+    again: no row states a kept-out code or poses one of their held-out questions
+    (`warmup_leaks`). Which digit a letter has in a decoy is independent of every kept-out
+    code, so the warm-up teaches no letter's digit."""
+    rng = random.Random(900_003)
+    kept_out = [
+        (level, code.rule_text(level), set(code.combinations(level, "held_out")))
+        for level, code in _kept_out_codes(s, excluded)
+    ]
+    n = s.feedback_examples
+
+    def decoy():  # (row, its code, a wrong first attempt)
+        while True:
+            level = rng.choice(WARM_CODE_LEVELS)
+            other = get_task("hidden_code", rule_seed=rng.randrange(10**9), split="all")
+            row = other.generate(level, 1, seed=rng.randrange(10**6))[0]
+            combo = tuple(other.meta(row)["symbols"])
+            # A held-out combination of any kept-out code, at any level: levels 1 and 2
+            # pose combinations of the same width.
+            held = any(
+                other.rule_text(level) == text or combo in held_out
+                for _, text, held_out in kept_out
+            )
+            attempt = "".join(rng.choice("0123456789") for _ in combo)
+            if not held and attempt != row["answer"]:
+                return row, other.code(level), " ".join(attempt)
+
+    decoys = [decoy() for _ in range(n)]
+    rows = code_rows(
+        task, [r for r, _, _ in decoys], [c for _, c, _ in decoys], [a for _, _, a in decoys],
+        feedback_func, reward_funcs, weights, reflection_template=REFLECTION_TEMPLATE,
+        retry_template=RETRY_TEMPLATE, seed=2,
+    )  # fmt: skip
+    for _ in range(n // 2):  # the raw feedback as the retry's hint, and SDPO's teacher
+        row, _, attempt = decoy()
+        completion = [{"role": "assistant", "content": f"<answer>{attempt}</answer>"}]
+        feedback = feedback_func(completions=[completion], **{k: [row[k]] for k in
+                                 ("task", "level", "answer", "meta")})[0]  # fmt: skip
+        raw = retry_prompt(row["prompt"], RETRY_TEMPLATE, feedback)
+        rows.append({"prompt": raw, "completion": _answer(" ".join(row["answer"]))})
+        if rng.random() < 0.5:
+            teacher = sdpo_teacher_prompt(row["prompt"], feedback=feedback)
+        else:
+            teacher = sdpo_teacher_prompt(row["prompt"], solution=task.reference(row))
+        rows.append({"prompt": teacher, "completion": _answer(" ".join(row["answer"]))})
+    for _ in range(n // 3):  # the prior: random digits
+        row, _, attempt = decoy()
+        rows.append({"prompt": row["prompt"], "completion": _answer(attempt)})
+    return Dataset.from_list(rows)
+
+
 def _prior_reading(rng: random.Random, level: int, a: int, b: int, max_operand: int) -> int:
     """A first attempt as the prior makes it: a+b, or, for a share PRIOR_NOISE, the reading
     of a random rule of a warm level (its constants the levels' own, as in `prior_rows`)."""
@@ -294,14 +365,39 @@ def warmup_leaks(rows: list[dict], task, level: int) -> dict[str, int]:
     return counts
 
 
+def code_leaks(rows: list[dict], task, level: int) -> dict[str, int]:
+    """How many warm-up rows leak a hidden code (`task` at `level`): rows whose text holds
+    the whole code's statement (`G=3 Z=6 W=8 X=9 H=7`), and rows that pose one of its
+    held-out combinations at all (`Z W W`, whatever digits they give). Also counted, not a
+    leak by itself: rows that state some letter's digit as this code has it ("Z=6", "Z
+    means 6"), which a decoy code drawn independently of it does by chance."""
+    code = task.code(level)
+    held = [re.compile(rf"(?<![A-Z] )\b{' '.join(c)}\b(?! [A-Z]\b)")
+            for c in task.combinations(level, "held_out")]  # fmt: skip
+    meaning = re.compile(r"\b([A-Z])(?:=| means )(\d)")
+    counts = {"rule_text": 0, "held_out_question": 0, "true_meaning": 0}
+    for row in rows:
+        text = "\n".join(m["content"] for m in [*row["prompt"], *row["completion"]])
+        counts["rule_text"] += task.rule_text(level) in text
+        counts["held_out_question"] += any(p.search(text) for p in held)
+        counts["true_meaning"] += any(code.get(a) == d for a, d in meaning.findall(text))
+    return counts
+
+
 def kept_out_leaks(rows: list[dict], s: Settings, excluded: Sequence[tuple[int, int]]) -> dict:
-    """`warmup_leaks` summed over the run's rule and every rule of `excluded`: rows that state
-    one of them, rows that answer one of their held-out questions (both must be 0)."""
-    total = {"rule_text": 0, "held_out_answer": 0}
+    """`warmup_leaks` (hidden_rule) or `code_leaks` (hidden_code) summed over the run's rule
+    and every rule of `excluded`: rows that state one of them, rows that answer (hidden_rule)
+    or pose (hidden_code) one of their held-out questions (all must be 0)."""
+    total: dict[str, int] = {}
     for level, rule_seed in sorted({(s.level, s.rule_seed), *excluded}):
-        task = get_task("hidden_rule", rule_seed=rule_seed, max_operand=s.max_operand)
-        counts = warmup_leaks(rows, task, level)
-        total = {k: total[k] + counts[k] for k in total}
+        if s.task == "hidden_code":
+            counts = code_leaks(rows, get_task("hidden_code", rule_seed=rule_seed), level)
+            counts.pop("true_meaning")
+        else:
+            task = get_task("hidden_rule", rule_seed=rule_seed, max_operand=s.max_operand)
+            counts = warmup_leaks(rows, task, level)
+            counts.pop("run_symbol")
+        total = {k: total.get(k, 0) + v for k, v in counts.items()}
     return total
 
 
@@ -381,7 +477,7 @@ def warm_checkpoint(
         return Path(base), digest({"schema": BENCH_SCHEMA, "base": _folder_digest(base)})
     dataset = warm_dataset(s, excluded)
     rows = dataset.to_list()
-    if s.task == "hidden_rule":
+    if s.task in RULE_TASKS:
         leaks = kept_out_leaks(rows, s, excluded)
         print(f"warm-up rows: {len(rows)}; leaks of the rules kept out {leaks}")
     sft = tuning(s)
@@ -446,9 +542,10 @@ def _sample(model, tokenizer, prompts, tokens, seed, do_sample=True, batch_size=
 def probe_rows(task, s: Settings, n: int) -> list[dict]:
     """The probe's `n` training prompts: distinct operand pairs where the split has enough
     (hidden_rule), else `n` draws from the training seeds."""
-    if s.task == "hidden_rule" and len(task.pairs(s.level, "train")) >= n:
+    if s.task in RULE_TASKS:
         rows = task.split_rows(s.level, "train")
-        return random.Random(500_000).sample(rows, n)
+        if len(rows) >= n:
+            return random.Random(500_000).sample(rows, n)
     return task.generate(s.level, n, seed=500_000)
 
 
@@ -516,7 +613,7 @@ def probe(
     out["failed_first_attempts"] = len(wrong)
     out |= _versus_fresh("retry_success_after_reflection", retried, fresh)
     out["resample_success"] = statistics.fmean(fresh) if fresh else math.nan
-    if s.task == "hidden_rule":
+    if s.task in RULE_TASKS:
         raw = [retry_prompt(r["prompt"], retry_template, f) for r, f in zip(w_rows, feedback)]
         out |= _versus_fresh(
             "retry_success_from_raw_feedback", solved(w_rows, sample(raw, answer_tokens, 5)), fresh
@@ -531,7 +628,7 @@ def probe(
             "retry_success_with_the_rule", solved(w_rows, sample(hinted, answer_tokens, 7)), fresh
         )
         out["reflections_stating_the_rule"] = (
-            statistics.fmean(t.strip() == rulebook for t in reflections)
+            statistics.fmean(states_the_rule(task, s.level, t.strip()) for t in reflections)
             if reflections
             else math.nan
         )

@@ -15,7 +15,7 @@ import math
 import statistics
 from pathlib import Path
 
-from learning_arms import BASELINES, is_sdpo, make_task
+from learning_arms import BASELINES, is_sdpo, make_task, states_the_rule
 
 from pipeline.compare.stats import Interval, interval, paired, value_at
 from pipeline.erl.memory import lesson_problem
@@ -168,16 +168,16 @@ def print_rule(label: str, runs: dict[str, list[dict]], s, opts) -> dict:
     return {"held_out": figures, "reached": reached, "start": start}
 
 
-def memory_figures(run: dict, rule: str) -> dict[str, float] | None:
+def memory_figures(run: dict, states) -> dict[str, float] | None:
     """What a run's final memory holds: its entries, how many are no lesson (memory.py's
     `lesson_problem`: empty, an answer, a copy of the prompt, a repeated term), and the
-    share that state the true rule (as the probe counts it: the rule's text exactly). None
-    for a run that recorded no memory (an older cache entry, or an arm without one)."""
+    share that state the true rule (`states(text)`, as the probe counts it). None for a
+    run that recorded no memory (an older cache entry, or an arm without one)."""
     entries = run.get("memory")
     if not entries:
         return None if entries is None else {"entries": 0, "degenerate": 0, "rule_share": 0.0}
     degenerate = sum(lesson_problem(e["reflection"], e["prompt"]) is not None for e in entries)
-    stating = sum(e["reflection"].strip() == rule for e in entries)
+    stating = sum(states(e["reflection"].strip()) for e in entries)
     return {"entries": len(entries), "degenerate": degenerate, "rule_share": stating / len(entries)}
 
 
@@ -190,7 +190,10 @@ def print_memory(label: str, runs: dict[str, list[dict]], s) -> dict[str, list[d
     rule = task.rule_text(s.level)
     shown = {}
     for arm, arm_runs in runs.items():
-        figures = [memory_figures(run, rule) for run in arm_runs]
+        figures = [
+            memory_figures(run, lambda text: states_the_rule(task, s.level, text))
+            for run in arm_runs
+        ]
         if not any(figures):
             continue
         shown[arm] = [f for f in figures if f]
@@ -324,17 +327,18 @@ def against_references(arms: list[str], pooled: dict[str, dict[str, list[float]]
 
 def verdict(arms: list[str], pooled: dict[str, dict[str, list[float]]]) -> dict:
     """The last lines: for ERL and every other candidate arm, whether it beats the better
-    GRPO arm and the better SDPO arm at equal steps, at equal generated tokens and at equal
-    processed tokens: the pooled 95% interval of its paired difference lies above 0."""
+    GRPO arm and the better SDPO arm (an SDPO arm: the better GRPO arm) at equal steps, at
+    equal generated tokens and at equal processed tokens: the pooled 95% interval of its
+    paired difference lies above 0."""
     out = {}
     grpo_arms = [a for a in arms if a in BASELINES]
     sdpo_arms = [a for a in arms if is_sdpo(a)]
-    for arm in [a for a in arms if a not in BASELINES and not is_sdpo(a)]:
+    for arm in [a for a in arms if a not in BASELINES]:
         out[arm] = {}
         for measure, words in MEASURES.items():
             for family, group in (("grpo", grpo_arms), ("sdpo", sdpo_arms)):
                 ref = best(group, pooled[measure])
-                if ref is None:
+                if ref is None or (family == "sdpo" and is_sdpo(arm)):
                     continue
                 _, ci = paired(pooled[measure][arm], pooled[measure][ref])
                 beats = ci.low > 0

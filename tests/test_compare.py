@@ -116,8 +116,20 @@ def figures_printed(text: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "task, methods",
-    [(["--task", "arithmetic"], "grpo,erl,sdpo"), (["--task", "hidden_rule"], "grpo,sdpo")],
-    ids=["arithmetic", "hidden_rule"],
+    [
+        (["--task", "arithmetic"], "grpo,erl,sdpo"),
+        (["--task", "hidden_rule"], "grpo,sdpo"),
+        (
+            [
+                "--task",
+                "hidden_code",
+                "--reward_signals",
+                '{"correctness": 0.8, "milestones": 0.2}',
+            ],
+            "erl,sdpo",
+        ),
+    ],
+    ids=["arithmetic", "hidden_rule", "hidden_code"],
 )
 def test_a_comparison_reports_writes_and_reads_its_runs_back(
     tiny_model_dir, tmp_path, capsys, task, methods
@@ -152,13 +164,14 @@ def test_a_comparison_reports_writes_and_reads_its_runs_back(
     assert figures["equal_tokens"] == min(r["steps"][-1]["tokens"] for r in runs)
     assert set(figures["values"]) == set(names)
     pairs = {(d["a"], d["b"]) for d in figures["differences"]}
-    assert len(pairs) == len(names) * (len(names) - 1) // 2 and ("sdpo", "grpo") in pairs
+    assert len(pairs) == len(names) * (len(names) - 1) // 2 and (names[-1], names[0]) in pairs
     for d in figures["differences"]:
         assert d["n"] == 2 and len(d["diffs"]) == 2
     assert (folder / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = figures_printed(first.out)
     assert any(
-        re.match(r"\s+sdpo - grpo, held-out success at equal steps: [+-]", line) for line in printed
+        re.match(rf"\s+{names[-1]} - {names[0]}, held-out success at equal steps: [+-]", line)
+        for line in printed
     )
     assert "held-out success at equal generated tokens" in first.out
 

@@ -18,7 +18,12 @@ learning = pytest.importorskip("learning")  # imports learning_arms (the backend
 arms = sys.modules["learning_arms"]
 report = sys.modules["learning_report"]
 
-PRESETS = [["--task", "hidden_rule"], ["--task", "arithmetic"], ["--stop", "erl=10"]]
+PRESETS = [
+    ["--task", "hidden_rule"],
+    ["--task", "arithmetic"],
+    ["--stop", "erl=10"],
+    ["--task", "hidden_code"],
+]
 
 
 def lr_sequence(args, steps: int) -> list[float]:
@@ -43,7 +48,9 @@ def lr_sequence(args, steps: int) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("options", PRESETS, ids=["hidden_rule", "arithmetic", "stopped"])
+@pytest.mark.parametrize(
+    "options", PRESETS, ids=["hidden_rule", "arithmetic", "stopped", "hidden_code"]
+)
 def test_every_arm_gets_the_same_schedule_and_optimizer(options):
     """The defect this guards against: GRPO ran max_steps 300 and ERL 100 on transformers'
     default linear decay, so ERL's learning rate was 0 at step 100 and GRPO's 2/3 of peak.
@@ -240,6 +247,22 @@ def test_the_probe_pairs_each_failed_attempt_with_a_fresh_sample(tiny_model_dir)
     assert all(arms.make_task(s).meta(r)["split"] == "train" for r in rows)
 
 
+def test_the_probe_of_a_code_reads_the_raw_feedback_and_the_whole_code(tiny_model_dir):
+    """Gate a on hidden_code (issue 43): the same figures as hidden_rule's, with the retry
+    from the raw feedback, SDPO's teacher and the retry given the whole code."""
+    gates = sys.modules["learning_gates"]
+    _, s = learning.parse_options(["--task", "hidden_code", "--rules", "1:1"])
+    probe = gates.probe(Path(tiny_model_dir), s, 12, tokens=(6, 4), temperature=0.7)
+    assert probe["failed_first_attempts"] == 12  # the untrained model writes no code
+    for name in ("retry_success_from_raw_feedback", "sdpo_teacher_success",
+                 "retry_success_with_the_rule"):  # fmt: skip
+        assert 0.0 <= probe[name] <= 1.0 and f"{name}_minus_fresh" in probe
+    assert probe["reflections_stating_the_rule"] == 0.0
+    task = arms.make_task(s)
+    assert gates._states_the_rule(task, 1, task.rule_text(1).split(" ")[0])
+    assert not gates._states_the_rule(task, 1, "no letters")
+
+
 def _synthetic_run(
     seed: int, end: float, tokens_per_step: int, processed_per_step: int = 0
 ) -> dict:
@@ -364,6 +387,10 @@ def test_erl_defaults_is_the_product_at_its_defaults_and_erl_stays_as_measured()
     assert dict(arms.ALL_ARMS["erl_defaults"].memory) == ReflectionMemory(0).policy
     assert arms.arm_config("erl", s, "unused", 0).reflections_per_group == 0
     assert arms.arm_config("erl_shared", s, "unused", 0).reflections_per_group == 1
+    # The raw-feedback baseline (issue 43) is ERL with no reflection, nothing else changed.
+    raw = arms.arm_config("raw_feedback_retry", s, "unused", 0)
+    assert raw.enable_reflection is False and product.enable_reflection is True
+    assert arms.arm_config("erl", s, "unused", 0).enable_reflection is True
 
 
 # SmolLM2 and the GPU path (issue 35) ---------------------------------------------------------

@@ -4,6 +4,7 @@ rule's text was in 170 of its 9,500 rows). It builds the rows only; nothing is t
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -142,3 +143,32 @@ def test_the_leak_check_finds_each_kind_of_leak_and_nothing_else():
     counts = gates.warmup_leaks(benign, task, 1)
     assert counts["rule_text"] == counts["held_out_answer"] == 0
     assert counts["run_symbol"] == 5
+
+
+def test_the_hidden_code_warmup_keeps_out_every_code_and_teaches_no_letters_digit():
+    """hidden_code (issue 43): the preset's one warm-up, built for any of its codes, is the
+    same rows; no row states a code of the comparison or poses one of its held-out
+    combinations; the lessons it teaches give every letter many digits (copying pays,
+    recalling does not); and it shows the raw-feedback retry and SDPO's teacher too."""
+    from collections import defaultdict
+
+    opts, s = learning.parse_options(["--task", "hidden_code", "--feedback_examples", "300"])
+    excluded = learning.warm_excluded(opts)
+    assert len(excluded) == 4  # 3 reported codes and the tuning one
+    built = [gates.warm_dataset(learning.rule_settings(s, *rule), excluded) for rule in excluded]
+    rows = built[0].to_list()
+    assert all(b.to_list() == rows for b in built[1:])
+    for level, rule_seed in excluded:
+        task = arms.make_task(learning.rule_settings(s, level, rule_seed))
+        leaks = gates.code_leaks(rows, task, level)
+        assert leaks["rule_text"] == leaks["held_out_question"] == 0, (level, rule_seed, leaks)
+        assert leaks["true_meaning"] > 0  # letters are read, under codes drawn apart from it
+    digits = defaultdict(set)
+    for row in rows:
+        if row["prompt"][-1]["content"].endswith("Fix:"):
+            for letter, digit in re.findall(r"([A-Z])=(\d)", row["completion"][0]["content"]):
+                digits[letter].add(digit)
+    assert len(digits) == 10 and all(len(d) >= 8 for d in digits.values())
+    texts = [row["prompt"][-1]["content"] for row in rows]
+    assert sum("\nHint: The answer " in t for t in texts) == 150  # raw feedback retries
+    assert sum("feedback from your unsuccessful earlier attempt" in t for t in texts) > 30
