@@ -180,8 +180,8 @@ def code_rows(
     seed: int,
 ) -> list[dict[str, Any]]:
     """Two SFT rows (reflection, retry) per row of a hidden-code task, row i under the code
-    `codes[i]` (letter -> digit) with the wrong first attempt `attempts[i]` ("5 2 7"). The
-    feedback is the run's ("Q means 3, Z means 8"). The memory shown is, for half the rows,
+    `codes[i]` (letter -> digit) with the wrong first attempt `attempts[i]` ("Q=5 Z=2 X=1").
+    The feedback is the run's ("... is wrong: Q=3 Z=8."). The memory shown is, for half the rows,
     nothing, else one lesson from the same code about one to three of its letters (what a
     rulebook holds once retries have succeeded). The reflection is the lesson that follows:
     each letter of the prompt whose digit the feedback names or the memory states, in the
@@ -194,7 +194,8 @@ def code_rows(
     out = []
     for row, code, attempt, text, reward in zip(rows, codes, attempts, feedback, rewards):
         symbols = task.meta(row)["symbols"]
-        known = set(re.findall(r"\b([A-Z]) means \d", text))
+        # The feedback's own lesson, after the attempt it quotes: "...is wrong: Q=3 Z=8."
+        known = set(re.findall(r"\b([A-Z])=\d", text.rpartition(": ")[2]))
         lessons = []
         if rng.random() < 0.5:
             letters = rng.sample(sorted(code), rng.randint(1, 3))

@@ -156,7 +156,7 @@ PRESETS["hidden_code"] = PRESETS["hidden_rule"] | dict(
     "raw_feedback_retry=0.0002,sdpo_mixed=0.0002",
     max_tokens=12,
     reflection_tokens=16,
-    warmup_steps=1200,
+    warmup_steps=2000,
     max_operand=0,
 )
 PRESETS["arithmetic"] = PRESETS["hidden_rule"] | dict(

@@ -275,9 +275,9 @@ def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
                 other.rule_text(level) == text or combo in held_out
                 for _, text, held_out in kept_out
             )
-            attempt = "".join(rng.choice("0123456789") for _ in combo)
-            if not held and attempt != row["answer"]:
-                return row, other.code(level), " ".join(attempt)
+            digits = "".join(rng.choice("0123456789") for _ in combo)
+            if not held and digits != row["answer"]:
+                return row, other.code(level), " ".join(f"{a}={d}" for a, d in zip(combo, digits))
 
     decoys = [decoy() for _ in range(n)]
     rows = code_rows(
@@ -290,13 +290,14 @@ def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
         completion = [{"role": "assistant", "content": f"<answer>{attempt}</answer>"}]
         feedback = feedback_func(completions=[completion], **{k: [row[k]] for k in
                                  ("task", "level", "answer", "meta")})[0]  # fmt: skip
+        solved = [{"role": "assistant", "content": task.reference(row)}]
         raw = retry_prompt(row["prompt"], RETRY_TEMPLATE, feedback)
-        rows.append({"prompt": raw, "completion": _answer(" ".join(row["answer"]))})
+        rows.append({"prompt": raw, "completion": solved})
         if rng.random() < 0.5:
             teacher = sdpo_teacher_prompt(row["prompt"], feedback=feedback)
         else:
             teacher = sdpo_teacher_prompt(row["prompt"], solution=task.reference(row))
-        rows.append({"prompt": teacher, "completion": _answer(" ".join(row["answer"]))})
+        rows.append({"prompt": teacher, "completion": solved})
     for _ in range(n // 3):  # the prior: random digits
         row, _, attempt = decoy()
         rows.append({"prompt": row["prompt"], "completion": _answer(attempt)})

@@ -259,8 +259,8 @@ def test_the_probe_of_a_code_reads_the_raw_feedback_and_the_whole_code(tiny_mode
         assert 0.0 <= probe[name] <= 1.0 and f"{name}_minus_fresh" in probe
     assert probe["reflections_stating_the_rule"] == 0.0
     task = arms.make_task(s)
-    assert gates._states_the_rule(task, 1, task.rule_text(1).split(" ")[0])
-    assert not gates._states_the_rule(task, 1, "no letters")
+    assert arms.states_the_rule(task, 1, task.rule_text(1).split(" ")[0])
+    assert not arms.states_the_rule(task, 1, "no letters")
 
 
 def _synthetic_run(

@@ -28,6 +28,7 @@ def test_rows_are_deterministic_and_valid_at_every_level():
             assert task.meta(row)["symbols"] == symbols
             assert row["answer"] == "".join(task.code(level)[s] for s in symbols)
             assert task.evaluate(row, task.reference(row)).solved
+            assert task.reference(row) == f"<answer>{pairs(symbols, row['answer'])}</answer>"
 
 
 @pytest.mark.parametrize("level", [1, 2, 3])
@@ -77,41 +78,45 @@ def test_the_code_is_fixed_per_rule_seed_and_grows_with_the_level():
     assert len({get_task("hidden_code", rule_seed=s).rule_text(1) for s in range(10)}) == 10
 
 
+def pairs(symbols, digits) -> str:
+    return " ".join(f"{s}={d}" for s, d in zip(symbols, digits))
+
+
 def test_feedback_names_each_wrong_letter_once_and_no_letter_the_prompt_lacks():
     task = get_task("hidden_code", rule_seed=2)
     code = task.code(2)
     row = next(r for r in task.generate(2, 200, seed=0) if len(set(task.meta(r)["symbols"])) == 2)
     symbols, answer = task.meta(row)["symbols"], row["answer"]
+    assert task.reference(row) == f"<answer>{pairs(symbols, answer)}</answer>"
     wrong = "".join(str((int(d) + 1) % 10) for d in answer)
-    evaluation = task.evaluate(row, f"<answer>{' '.join(wrong)}</answer>")
+    evaluation = task.evaluate(row, f"<answer>{pairs(symbols, wrong)}</answer>")
     text = evaluation.feedback["correctness"]
-    assert text.startswith(f"The answer {' '.join(wrong)} is wrong: ")
-    named = re.findall(r"([A-Z]) means (\d)", text)
+    assert text.startswith(f"The answer {pairs(symbols, wrong)} is wrong: ")
+    lesson = text.rpartition(": ")[2]
+    named = re.findall(r"([A-Z])=(\d)", lesson)
     assert sorted(named) == sorted({(s, code[s]) for s in symbols})  # each once, its digit
-    assert not set(re.findall(r"\b[A-Z]\b", text)) - set(symbols)
+    assert not set(re.findall(r"[A-Z]", text)) - set(symbols) - set("T")  # "The ..."
     assert evaluation.breakdown == {"format": 1.0, "correctness": 0.0, "milestones": 0.0}
-    # One letter right: only the others are named, and partial credit counts the right one.
-    first_right = answer[0] + wrong[1:]
-    partly = task.evaluate(row, f"<answer>{first_right}</answer>")
+    # One letter right: partial credit counts it; a letter used once is no longer named.
+    partly = task.evaluate(row, f"<answer>{pairs(symbols, answer[0] + wrong[1:])}</answer>")
     assert partly.breakdown["milestones"] == pytest.approx(1 / 3)
-    assert f"{symbols[0]} means" not in partly.feedback["correctness"] or symbols[0] in symbols[1:]
+    if symbols[0] not in symbols[1:]:
+        assert f"{symbols[0]}=" not in partly.feedback["correctness"].rpartition(": ")[2]
     assert "The correct answer" not in text
     revealed = get_task("hidden_code", rule_seed=2, reveal_answer=True)
-    assert (
-        f"The correct answer is {' '.join(answer)}."
-        in revealed.evaluate(row, "<answer>0 0 0</answer>").feedback_text()
-    )
+    told = revealed.evaluate(row, "<answer>0 0 0</answer>").feedback_text()
+    assert f"The correct answer is {pairs(symbols, answer)}." in told
 
 
 @pytest.mark.parametrize(
     "reply, correctness, milestones, in_feedback",
     [
         ("ANSWER", 0.0, 0.0, "No <answer>"),  # no tag: the fallback
-        ("<answer>x y z</answer>", 0.0, 0.0, "is not one digit per letter: "),
+        ("<answer>x y z</answer>", 0.0, 0.0, "is not A=d B=d pairs: "),
         ("<answer></answer>", 0.0, 0.0, "The answer is empty: "),
-        ("<answer>-1 2 3</answer>", 0.0, 0.0, "is not one digit per letter"),
-        ("<answer>" + "9" * 5000 + "</answer>", 0.0, 0.0, "..."),
-        ("<answer>REF0</answer>", 0.0, 0.75, "too many"),  # padding earns no full credit
+        ("<answer>1 2 3</answer>", 0.0, 0.0, "is not A=d B=d pairs"),  # digits alone
+        ("<answer>" + "Q=9 " * 5000 + "</answer>", 0.0, None, "..."),
+        ("<answer>REF Q=0</answer>", 0.0, 0.75, "too many"),  # padding earns no full credit
         ("Sure! <answer>REF</answer>", 0.0, 1.0, "tag alone"),
     ],
 )
@@ -120,10 +125,13 @@ def test_hostile_and_malformed_replies_are_scored_without_raising(
 ):
     task = HiddenCodeTask()
     row = task.generate(1, 1, seed=11)[0]
-    reply = reply.replace("REF", row["answer"])
+    reply = reply.replace("REF", task.reference(row)[len("<answer>") : -len("</answer>")])
     evaluation = task.evaluate(row, reply)
     assert evaluation.breakdown["correctness"] == correctness
-    assert evaluation.breakdown["milestones"] == pytest.approx(milestones)
+    if milestones is None:  # 5,000 pairs: at most 3 right
+        assert evaluation.breakdown["milestones"] <= 3 / 5000
+    else:
+        assert evaluation.breakdown["milestones"] == pytest.approx(milestones)
     assert in_feedback in evaluation.feedback_text()
     assert all(len(text) <= 300 for text in evaluation.feedback.values())
     json.dumps(evaluation.breakdown)

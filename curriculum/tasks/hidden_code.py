@@ -1,11 +1,13 @@
 """Hidden code: letters that stand for digits, a code the prompt never explains.
 
-`Q Z X` asks for the digits the three symbols stand for, `<answer>3 8 1</answer>`. The
-code (which letter is which digit) is drawn once per `rule_seed` and is the same for every
-prompt of a run, so a lesson learned on one prompt ("Q=3") carries to every other prompt
-that uses the symbol. Unlike `hidden_rule`, whose feedback names only the size of an error,
-a wrong answer's feedback here names the meaning of every symbol it got wrong ("The answer
-5 2 7 is wrong: Q means 3, Z means 8."), and nothing about symbols the prompt did not use.
+`Q Z X` asks for the digit each letter stands for, each letter with its digit:
+`<answer>Q=3 Z=8 X=1</answer>`. The code (which letter is which digit) is drawn once per
+`rule_seed` and is the same for every prompt of a run, so a lesson learned on one prompt
+("Q=3") carries to every other prompt that uses the letter. Unlike `hidden_rule`, whose
+feedback names only the size of an error, a wrong answer's feedback here names the digit
+of every letter it got wrong ("The answer Q=5 Z=2 X=1 is wrong: Q=3 Z=8."), and nothing
+about letters the prompt does not use. Each digit follows its letter in the reply, as in a
+lesson, so applying a lesson is copying.
 Applying that lesson needs no arithmetic, only copying: the project's positive control for
 ERL, where a model that can read a lesson should gain from reflection and retry.
 
@@ -52,7 +54,8 @@ SPLITS = ("auto", "train", "held_out", "all")
 # but one place leaves that place's letters in both splits.
 _WEIGHTS = (3, 7, 11, 13, 17, 19)
 _ENUMERATE_LIMIT = 100_000  # `split_rows` lists a split whole only up to this many combinations
-_DIGITS = re.compile(r"\d(?:\s*\d)*")
+_PAIR = re.compile(r"([A-Z])=(\d)")
+SHAPE = "A=d B=d"  # what a reply looks like: each letter, =, its digit
 
 
 @dataclass
@@ -79,7 +82,7 @@ class HiddenCodeConfig(TaskConfig):
 
 
 class HiddenCodeTask(SplitTask):
-    """Decode letters of a hidden code into digits; the reply is `<answer>d d d</answer>`."""
+    """Decode letters of a hidden code into digits; the reply is `<answer>Q=3 Z=8</answer>`."""
 
     name = "hidden_code"
     config_class = HiddenCodeConfig
@@ -144,8 +147,8 @@ class HiddenCodeTask(SplitTask):
     def _row(self, level: int, combo: tuple[str, ...], split: str) -> Row:
         code = self.code(level)
         system = (
-            "Each letter stands for a digit. Decode the letters in order. "
-            "Reply only with <answer>d d d</answer>, one digit per letter."
+            "Each letter stands for a digit. Decode the letters in order. Reply only with "
+            f"<answer>{SHAPE}</answer>: each letter, = and its digit."
         )
         answer = "".join(code[letter] for letter in combo)
         return self.make_row(
@@ -153,31 +156,32 @@ class HiddenCodeTask(SplitTask):
         )
 
     def reference(self, row: Row) -> str:
-        return f"<answer>{' '.join(row['answer'])}</answer>"
+        return f"<answer>{_pairs(self.meta(row)['symbols'], row['answer'])}</answer>"
 
     def evaluate(self, row: Row, completion: str) -> Evaluation:
         symbols = self.meta(row)["symbols"]
-        expected = str(row["answer"])
+        expected = list(zip(symbols, str(row["answer"])))
         tag = extract_answer(completion)
         if tag is None:
             return Evaluation(
                 0.0,
                 {"format": 0.0, "correctness": 0.0, "milestones": 0.0},
-                error="No <answer>...</answer> tag found; reply <answer>d d d</answer>, one "
-                "digit per letter.",
+                error=f"No <answer>...</answer> tag found; reply <answer>{SHAPE}</answer>, each "
+                "letter with its digit.",
             )
         feedback: dict[str, str] = {}
         if not tag.bare:
             feedback["format"] = (
-                "Reply with only <answer>d d d</answer>, one digit per letter, and no other text."
+                f"Reply with only <answer>{SHAPE}</answer>, each letter with its digit, and no "
+                "other text."
             )
-        digits = re.sub(r"\s", "", tag.text) if _DIGITS.fullmatch(tag.text) else ""
-        right = [i < len(digits) and digits[i] == want for i, want in enumerate(expected)]
-        solved = all(right) and len(digits) == len(expected)
+        given = _read_pairs(tag.text)
+        right = [i < len(given) and given[i] == pair for i, pair in enumerate(expected)]
+        solved = all(right) and len(given) == len(expected)
         if not solved:
-            feedback["correctness"] = _wrong_feedback(tag.text, digits, symbols, expected, right)
+            feedback["correctness"] = _wrong_feedback(tag.text, given, expected, right)
             if self.config.reveal_answer:
-                feedback["correctness"] += f" The correct answer is {' '.join(expected)}."
+                feedback["correctness"] += f" The correct answer is {_pairs(*zip(*expected))}."
             feedback["milestones"] = f"{sum(right)} of {len(expected)} letters are right."
         elif not tag.bare:
             feedback["correctness"] = (
@@ -186,29 +190,39 @@ class HiddenCodeTask(SplitTask):
         breakdown = {
             "format": 1.0 if tag.bare else 0.5,
             "correctness": 1.0 if solved and tag.bare else 0.0,
-            # Extra digits cost as much as wrong ones, so padding cannot farm partial credit.
-            "milestones": sum(right) / max(len(expected), len(digits)),
+            # Extra pairs cost as much as wrong ones, so padding cannot farm partial credit.
+            "milestones": sum(right) / max(len(expected), len(given)),
         }
         return Evaluation(breakdown["correctness"], breakdown, feedback)
 
 
+def _pairs(symbols, digits) -> str:
+    """'Q=3 Z=8 X=1': each letter with its digit, in order."""
+    return " ".join(f"{letter}={digit}" for letter, digit in zip(symbols, digits))
+
+
+def _read_pairs(text: str) -> list[tuple[str, str]]:
+    """The (letter, digit) pairs of an answer, in order; [] unless every word is one."""
+    found = [_PAIR.fullmatch(word) for word in text.split()]
+    return [m.groups() for m in found] if all(found) else []
+
+
 def _wrong_feedback(
-    text: str, digits: str, symbols: list[str], expected: str, right: list[bool]
+    text: str, given: list[tuple[str, str]], expected: list[tuple[str, str]], right: list[bool]
 ) -> str:
-    """'The answer 5 2 7 is wrong: Q means 3, Z means 8.': each letter the answer got wrong
-    (or left out) named once, with its digit; nothing about letters the prompt lacks."""
+    """'The answer Q=5 Z=2 X=1 is wrong: Q=3 Z=8.': the digit of each letter the answer got
+    wrong (or left out), each letter once; nothing about letters the prompt lacks."""
     named: dict[str, str] = {}
-    for letter, digit, ok in zip(symbols, expected, right):
+    for (letter, digit), ok in zip(expected, right):
         if not ok:
             named.setdefault(letter, digit)
-    meanings = ", ".join(f"{letter} means {digit}" for letter, digit in named.items())
-    if not digits:
-        shown = "is empty" if not text else f"{shorten(text, 20)!r} is not one digit per letter"
+    meanings = _pairs(named, named.values())
+    if not given:
+        shown = "is empty" if not text else f"{shorten(text, 20)!r} is not {SHAPE} pairs"
         return f"The answer {shown}: {meanings}."
-    extra = len(digits) - len(expected)
-    said = f"The answer {' '.join(digits[:12])}{'...' if len(digits) > 12 else ''}"
-    if not named:  # every letter right, but digits past the last letter
-        return f"{said} has {extra} digit(s) too many: one digit per letter."
+    said = f"The answer {_pairs(*zip(*given[:8]))}{'...' if len(given) > 8 else ''}"
+    if not named:  # every letter right, but pairs past the last letter
+        return f"{said} has {len(given) - len(expected)} pair(s) too many: one per letter."
     return f"{said} is wrong: {meanings}."
 
 
