@@ -154,7 +154,9 @@ PRESETS["hidden_code"] = PRESETS["hidden_rule"] | dict(
     steps=40,
     lr="0.0002,grpo=0.0002,grpo_matched=0.0002,erl_defaults=0.0002,erl_paper=0.0002,"
     "raw_feedback_retry=0.0002,sdpo_mixed=0.0002",
-    max_tokens=12,
+    # "<answer>Q=3 Z=8 X=1</answer>" is 17 tokens of the tiny model's (it read 12 once: every
+    # answer cut before its closing tag).
+    max_tokens=20,
     reflection_tokens=16,
     warmup_steps=2000,
     max_operand=0,

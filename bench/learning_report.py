@@ -144,7 +144,7 @@ def print_rule(label: str, runs: dict[str, list[dict]], s, opts) -> dict:
 
     figures = held_out(runs, s)
     start = runs["grpo"][0]["start"]
-    size = (f"{len(task.pairs(s.level, 'held_out'))} pairs" if hasattr(task, "pairs")
+    size = (f"{len(task.split_rows(s.level, 'held_out'))} prompts" if hasattr(task, "split_rows")
             else f"{s.eval_n} prompts")  # fmt: skip
     print(f"held-out greedy success ({size}; start {start['success']:.3f}), per seed, mean "
           "and 95% CI:")  # fmt: skip

@@ -82,8 +82,9 @@ def test_each_arm_takes_its_own_learning_rate_or_its_swept_parents():
     _, s = learning.parse_options(["--lr", "grpo=1e-4,grpo_matched=2e-4,erl=3e-4,erl_paper=6e-4,"
                                    "sdpo_mixed=4e-4,sdpo_pure=5e-4,erl_shared=7e-4,"
                                    "erl_defaults=8e-4"])  # fmt: skip
-    assert [s.learning_rate(a) for a in arms.ARMS] == [1e-4, 2e-4, 3e-4, 6e-4, 4e-4, 5e-4]
+    assert [s.learning_rate(a) for a in arms.ARMS] == [1e-4, 2e-4, 3e-4, 6e-4, 4e-4, 5e-4, 3e-4]
     assert s.learning_rate("erl_no_memory") == 3e-4  # an ablation takes ERL's (lr_from)
+    assert s.learning_rate("raw_feedback_retry") == 3e-4  # ERL's until swept itself
     assert s.learning_rate("sdpo_rule") == 4e-4
     _, one = learning.parse_options(["--lr", "7e-4", "--methods", "grpo,erl"])
     assert {one.learning_rate(a) for a in arms.ALL_ARMS} == {7e-4}
