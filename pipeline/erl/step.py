@@ -528,7 +528,7 @@ class ERLStep:
             list(retries.tool_masks),
         )
         if reflections is not None:  # the reflections' rows come first, then the retries'
-            retry_rows, rows = rows, NewRows(
+            reflection_rows = NewRows(
                 reflections.prompt_ids,
                 reflections.completion_ids,
                 list(for_reflections),
@@ -536,7 +536,8 @@ class ERLStep:
                 backend.trainable(reflections.completion_ids),
                 list(reflections.logprobs),
             )
-            rows.extend(retry_rows)
+            reflection_rows.extend(rows)
+            rows = reflection_rows
         kept = [i for i, ok in enumerate(success) if ok] if self._internalizing() else []
         if kept:
             kept_ids = [tried.completion_ids[i] for i in kept]
