@@ -121,7 +121,7 @@ def test_erl_config_holds_exactly_what_the_base_config_makes(options):
     erl_only |= {"retry_system_prompt", "internalization_coef", "enable_memory"}
     erl_only |= {"enable_internalization", "reflection_max_completion_length"}
     erl_only |= {"memory_scope", "peak_memory_factor", "reflections_per_group"}
-    erl_only |= {"reflection_attempt_max_chars"}
+    erl_only |= {"reflection_attempt_max_chars", "enable_reflection"}
     ours = {k: v for k, v in erl.to_dict().items() if k not in erl_only}
     assert ours == base.to_dict() and set(erl.to_dict()) - set(base.to_dict()) == erl_only
     assert erl.reward_threshold == 0.5 and erl.memory_size == 50
