@@ -240,6 +240,7 @@ def test_colab_recipe_parses_with_t4_settings(tmp_path):
 # End to end -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~26 s: a Jupyter kernel running every cell
 def test_notebook_runs_on_cpu_with_the_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
     import torch
     from jupyter_client.kernelspec import KernelSpecManager

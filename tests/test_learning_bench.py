@@ -458,6 +458,7 @@ def test_wilson_interval():
     assert all(x != x for x in gates.wilson(0.0, 0))
 
 
+@pytest.mark.slow  # ~26 s: a LoRA warm-up, merged and saved
 def test_a_lora_warm_up_is_merged_into_a_plain_checkpoint_with_no_leak(
     tiny_model_dir, tmp_path, monkeypatch, capsys
 ):

@@ -67,6 +67,7 @@ def run_two(*command: str, log: Path, timeout: int = LAUNCH_TIMEOUT) -> None:
     assert code == 0, log.read_text()[-4000:]
 
 
+@pytest.mark.slow  # ~60 s: two processes importing trl, then one process for the reference
 def test_two_processes_train_erl_like_one_with_twice_the_batch(tiny_model_dir, tmp_path):
     """2 processes at per-device batch 6 == 1 process at batch 12: parameters, erl/ metrics
     and memory after 2 steps, with the gate closed, every row gated, and some rows gated.

@@ -33,6 +33,7 @@ SUITE = [
 ]
 
 
+@pytest.mark.slow  # ~75 s: Unsloth's trainer generated once, then the whole both-bases suite
 def test_both_bases_suite_passes_on_unsloths_trainer(tmp_path, request):
     report = tmp_path / "unsloth.xml"
     markers = request.config.getoption("markexpr")
