@@ -247,8 +247,10 @@ def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
                       excluded: Sequence[tuple[int, int]]) -> Dataset:  # fmt: skip
     """Copying a lesson, over many codes: `feedback_examples` (reflection, retry) pairs
     from `code_rows`, half as many retries from the raw feedback (the `raw_feedback_retry`
-    arm's prompt) and as many SDPO teacher rows, and a third as many unhinted questions
-    answered with random digits (the prior: any letter any digit, the same for every code).
+    arm's prompt), as many SDPO teacher rows, as many retries whose hint is the decoy's
+    whole code (a lookup: the tiny model copies a digit from its prompt only after a phase
+    change, docs/log.md), and a third as many unhinted questions answered with random
+    digits (the prior: any letter any digit, the same for every code).
 
     A decoy is a code drawn from a rule seed of its own, at a level of WARM_CODE_LEVELS;
     its first attempt is random digits. A decoy that is a kept-out code (the run's and the
@@ -298,6 +300,13 @@ def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
         else:
             teacher = sdpo_teacher_prompt(row["prompt"], solution=task.reference(row))
         rows.append({"prompt": teacher, "completion": solved})
+    for _ in range(n // 2):  # the whole code as the hint: a lookup, as a full rulebook is
+        row, code, _ = decoy()
+        hint = " ".join(f"{letter}={digit}" for letter, digit in code.items())
+        solved = [{"role": "assistant", "content": task.reference(row)}]
+        rows.append(
+            {"prompt": retry_prompt(row["prompt"], RETRY_TEMPLATE, hint), "completion": solved}
+        )
     for _ in range(n // 3):  # the prior: random digits
         row, _, attempt = decoy()
         rows.append({"prompt": row["prompt"], "completion": _answer(attempt)})

@@ -149,7 +149,8 @@ def test_the_hidden_code_warmup_keeps_out_every_code_and_teaches_no_letters_digi
     """hidden_code (issue 43): the preset's one warm-up, built for any of its codes, is the
     same rows; no row states a code of the comparison or poses one of its held-out
     combinations; the lessons it teaches give every letter many digits (copying pays,
-    recalling does not); and it shows the raw-feedback retry and SDPO's teacher too."""
+    recalling does not); and it shows the raw-feedback retry, SDPO's teacher and lookups in
+    a whole code too."""
     from collections import defaultdict
 
     opts, s = learning.parse_options(["--task", "hidden_code", "--feedback_examples", "300"])
@@ -172,3 +173,14 @@ def test_the_hidden_code_warmup_keeps_out_every_code_and_teaches_no_letters_digi
     texts = [row["prompt"][-1]["content"] for row in rows]
     assert sum("\nHint: The answer " in t for t in texts) == 150  # raw feedback retries
     assert sum("feedback from your unsuccessful earlier attempt" in t for t in texts) > 30
+    # Lookups: a retry whose hint is a decoy's whole code (5 or 6 letters, each once), the
+    # answer copied from it.
+    whole = re.compile(r"\nHint: ((?:[A-Z]=\d ){4,5}[A-Z]=\d)$")
+    lookups = [(whole.search(t), row) for t, row in zip(texts, rows)]
+    lookups = [(m.group(1), row) for m, row in lookups if m]
+    assert len(lookups) == 150
+    for hint, row in lookups:
+        code = dict(re.findall(r"([A-Z])=(\d)", hint))
+        assert len(code) == hint.count("=")
+        answer = re.findall(r"([A-Z])=(\d)", row["completion"][0]["content"])
+        assert answer and all(code[letter] == digit for letter, digit in answer)
