@@ -29,7 +29,8 @@
   prompts are combinations never trained on. Partial credit per letter (0.2) beside
   correctness (0.8). Arms: grpo, grpo_matched, erl_defaults, erl_paper,
   raw_feedback_retry (ERL with no reflection: each retry reads its own raw feedback) and
-  sdpo_mixed.
+  sdpo_mixed. Its warm-up first trains copies and lookups alone (`--copy_steps`): the tiny
+  model learns to copy from its prompt only through a phase change (bench/copy_phase.py).
 - arithmetic: level-1 sums with a binary reward and the reveal feedback ("The correct answer
   is 8."): each lesson is a fact about one prompt, and the held-out prompts reuse the sums.
 
@@ -131,6 +132,7 @@ PRESETS = {
         # operands (a retry given the rule itself succeeded 0.13 of the time; 0.29 at 2,400).
         warmup_steps=2400,
         warmup_lr=3e-3,
+        copy_steps=0,
         feedback_examples=3000,
         feedback_levels="1",
         reference_examples=0,
@@ -158,7 +160,14 @@ PRESETS["hidden_code"] = PRESETS["hidden_rule"] | dict(
     # answer cut before its closing tag).
     max_tokens=20,
     reflection_tokens=16,
-    warmup_steps=2000,
+    # Copying from the prompt comes with a phase change: on retries whose hint is the answer
+    # itself, the tiny model's loss sat at 0.73 for 1,000 steps at 1e-3, then fell to 0.01
+    # within 200 (bench/copy_phase.py). The whole warm-up's mixture at 1e-3 (cosine) was
+    # still on its plateau at step 1,480 of 2,400 (docs/log.md), so copies and lookups
+    # come first, alone, at a constant rate.
+    copy_steps=1500,
+    warmup_steps=800,
+    warmup_lr=1e-3,
     max_operand=0,
 )
 PRESETS["arithmetic"] = PRESETS["hidden_rule"] | dict(
@@ -198,6 +207,7 @@ BASES = ("tiny", "smollm2")
 # `--base smollm2 --sweep 3e-6,1e-5,3e-5`, then pass its best_lr line as --lr.
 REAL_MODEL = dict(
     warmup_steps=200,
+    copy_steps=0,  # the copy phase was built for, and measured on, the tiny model
     warmup_lr=1e-3,
     feedback_examples=1000,
     max_tokens=16,
@@ -255,6 +265,9 @@ def parse_options(argv: list[str] | None = None):
     add("--window", type=int, help="first attempts in the rolling mean (analysis only)")
     add("--warmup_steps", type=int)
     add("--warmup_lr", type=float)
+    add("--copy_steps", type=int,
+        help="hidden_code: SFT steps on copies and lookups alone, at --warmup_lr held constant, "
+        "before the warm-up (0: none)")  # fmt: skip
     add("--feedback_examples", type=int)
     add("--feedback_levels")
     add("--reference_examples", type=int)
@@ -338,6 +351,9 @@ def check_rules(parser, opts) -> None:
     if not opts.warmup_steps and not (opts.probe and opts.base != "tiny"):
         parser.error("--warmup_steps 0: only the probe of a real model as it ships runs without "
                      "a warm-up (--probe --base smollm2, or your model's folder)")  # fmt: skip
+    if opts.copy_steps < 0 or (opts.copy_steps and opts.task != "hidden_code"):
+        parser.error(f"--copy_steps {opts.copy_steps}: a number >= 0, and only with --task "
+                     "hidden_code (its copies and lookups are hidden_code retries)")  # fmt: skip
     warm_levels = {"hidden_rule": gates.WARM_LEVELS, "hidden_code": gates.WARM_CODE_LEVELS}
     if opts.task in warm_levels:
         taught = warm_levels[opts.task]

@@ -251,6 +251,7 @@ class Settings:
     eval_every: int
     stop: str = ""  # "arm=step,...": stop those arms early, on the same schedule
     base: str = "tiny"  # "tiny" (built here, `hidden` x `layers`), "smollm2" or a model folder
+    copy_steps: int = 0  # hidden_code: SFT steps on copies and lookups alone, before the warm-up
 
     @property
     def prompts_per_step(self) -> int:

@@ -26,7 +26,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from datasets import Dataset, concatenate_datasets
@@ -45,6 +45,7 @@ from learning_arms import (
     states_the_rule,
 )
 from transformers import AutoTokenizer
+from trl import SFTTrainer
 
 from curriculum.tasks import get_task
 from pipeline import ERLConfig, build_tiny_model
@@ -243,29 +244,21 @@ def _kept_out_codes(s: Settings, excluded: Sequence[tuple[int, int]]) -> list:
     return [(level, get_task("hidden_code", rule_seed=seed)) for level, seed in seeds]
 
 
-def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
-                      excluded: Sequence[tuple[int, int]]) -> Dataset:  # fmt: skip
-    """Copying a lesson, over many codes: `feedback_examples` (reflection, retry) pairs
-    from `code_rows`, half as many retries from the raw feedback (the `raw_feedback_retry`
-    arm's prompt), as many SDPO teacher rows, as many retries whose hint is the decoy's
-    whole code (a lookup: the tiny model copies a digit from its prompt only after a phase
-    change, docs/log.md), and a third as many unhinted questions answered with random
-    digits (the prior: any letter any digit, the same for every code).
-
-    A decoy is a code drawn from a rule seed of its own, at a level of WARM_CODE_LEVELS;
-    its first attempt is random digits. A decoy that is a kept-out code (the run's and the
+def _code_decoys(s: Settings, excluded: Sequence[tuple[int, int]], seed: int):
+    """A function drawing (row, its code, a wrong first attempt) from codes of rule seeds
+    of their own, at levels of WARM_CODE_LEVELS, from the random stream `seed`; the first
+    attempt is random digits. A decoy that is a kept-out code (the run's and the
     comparison's others), or that poses a combination one of them holds out, is drawn
     again: no row states a kept-out code or poses one of their held-out questions
-    (`warmup_leaks`). Which digit a letter has in a decoy is independent of every kept-out
-    code, so the warm-up teaches no letter's digit."""
-    rng = random.Random(900_003)
+    (`code_leaks`). Which digit a letter has in a decoy is independent of every kept-out
+    code, so no row built on decoys teaches a letter's digit."""
+    rng = random.Random(seed)
     kept_out = [
         (level, code.rule_text(level), set(code.combinations(level, "held_out")))
         for level, code in _kept_out_codes(s, excluded)
     ]
-    n = s.feedback_examples
 
-    def decoy():  # (row, its code, a wrong first attempt)
+    def decoy():
         while True:
             level = rng.choice(WARM_CODE_LEVELS)
             other = get_task("hidden_code", rule_seed=rng.randrange(10**9), split="all")
@@ -281,6 +274,43 @@ def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
             if not held and digits != row["answer"]:
                 return row, other.code(level), " ".join(f"{a}={d}" for a, d in zip(combo, digits))
 
+    return decoy, rng
+
+
+def _lookup_row(task, row, code: dict[str, str], letters=None) -> dict:
+    """A retry whose hint holds `letters` of `code` (default: the whole code, in its order)
+    -> the answer: reading a lesson that is in the prompt."""
+    hint = " ".join(f"{letter}={code[letter]}" for letter in (letters or code))
+    solved = [{"role": "assistant", "content": task.reference(row)}]
+    return {"prompt": retry_prompt(row["prompt"], RETRY_TEMPLATE, hint), "completion": solved}
+
+
+def copy_dataset(s: Settings, excluded: Sequence[tuple[int, int]] = ()) -> Dataset:
+    """hidden_code's first warm-up phase (`copy_steps`): `feedback_examples` retries on
+    decoys, half whose hint is the prompt's letters with their digits (the reply copies it)
+    and half whose hint is the whole code (the reply looks each letter up). A small
+    transformer learns such copying through a phase change (`bench/copy_phase.py`), which
+    the whole warm-up's mixture, with its long reflection prompts, did not reach
+    (docs/log.md); so it comes first, alone."""
+    task = make_task(s)
+    decoy, _ = _code_decoys(s, excluded, seed=900_004)
+    rows = []
+    for i in range(s.feedback_examples):
+        row, code, _ = decoy()
+        rows.append(_lookup_row(task, row, code, task.meta(row)["symbols"] if i % 2 else None))
+    return Dataset.from_list(rows)
+
+
+def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
+                      excluded: Sequence[tuple[int, int]]) -> Dataset:  # fmt: skip
+    """Copying a lesson, over many codes (`_code_decoys`): `feedback_examples` (reflection,
+    retry) pairs from `code_rows`, half as many retries from the raw feedback (the
+    `raw_feedback_retry` arm's prompt), as many SDPO teacher rows, as many retries whose
+    hint is the decoy's whole code (a lookup, as a full rulebook is), and a third as many
+    unhinted questions answered with random digits (the prior: any letter any digit, the
+    same for every code)."""
+    decoy, rng = _code_decoys(s, excluded, seed=900_003)
+    n = s.feedback_examples
     decoys = [decoy() for _ in range(n)]
     rows = code_rows(
         task, [r for r, _, _ in decoys], [c for _, c, _ in decoys], [a for _, _, a in decoys],
@@ -300,13 +330,9 @@ def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
         else:
             teacher = sdpo_teacher_prompt(row["prompt"], solution=task.reference(row))
         rows.append({"prompt": teacher, "completion": solved})
-    for _ in range(n // 2):  # the whole code as the hint: a lookup, as a full rulebook is
+    for _ in range(n // 2):
         row, code, _ = decoy()
-        hint = " ".join(f"{letter}={digit}" for letter, digit in code.items())
-        solved = [{"role": "assistant", "content": task.reference(row)}]
-        rows.append(
-            {"prompt": retry_prompt(row["prompt"], RETRY_TEMPLATE, hint), "completion": solved}
-        )
+        rows.append(_lookup_row(task, row, code))
     for _ in range(n // 3):  # the prior: random digits
         row, _, attempt = decoy()
         rows.append({"prompt": row["prompt"], "completion": _answer(attempt)})
@@ -474,12 +500,21 @@ def _warm_config(s: Settings, output_dir: str, steps: int | None = None):
     return args, config
 
 
+def _copy_config(s: Settings, output_dir: str):
+    """(ERLConfig, SFTConfig) of hidden_code's copy phase: `copy_steps` steps at the
+    warm-up's rate held constant (under a decaying rate the tiny model's loss stayed on its
+    plateau, docs/log.md)."""
+    args, config = _warm_config(s, output_dir, steps=s.copy_steps)
+    return args, replace(config, lr_scheduler_type="constant", warmup_steps=0)
+
+
 def warm_checkpoint(
     s: Settings, cache: Path, excluded: Sequence[tuple[int, int]] = ()
 ) -> tuple[Path, str]:
     """The shared starting checkpoint and its key: a digest of the base model's files, the
     warm-up rows (`warm_dataset(s, excluded)`), the fully resolved SFT config and how it
-    trains the base (`TUNING`). Built once per key. `warmup_steps` 0: the base itself."""
+    trains the base (`TUNING`), and with `copy_steps` the copy phase's rows and config.
+    Built once per key. `warmup_steps` 0: the base itself."""
     from learning_arms import BENCH_SCHEMA
 
     base = base_model(s, cache)
@@ -487,20 +522,24 @@ def warm_checkpoint(
         return Path(base), digest({"schema": BENCH_SCHEMA, "base": _folder_digest(base)})
     dataset = warm_dataset(s, excluded)
     rows = dataset.to_list()
+    copies = copy_dataset(s, excluded) if s.copy_steps else None
     if s.task in RULE_TASKS:
-        leaks = kept_out_leaks(rows, s, excluded)
-        print(f"warm-up rows: {len(rows)}; leaks of the rules kept out {leaks}")
+        shown = rows + (copies.to_list() if copies is not None else [])
+        leaks = kept_out_leaks(shown, s, excluded)
+        print(f"warm-up rows: {len(shown)}; leaks of the rules kept out {leaks}")
     sft = tuning(s)
     _, config = _warm_config(s, "unused")
-    key = digest(
-        {
-            "schema": BENCH_SCHEMA,
-            "base": _folder_digest(base),
-            "rows": digest(rows),
-            "sft": config_fingerprint(config),
-            "tuning": asdict(sft),
-        }
-    )
+    recipe = {
+        "schema": BENCH_SCHEMA,
+        "base": _folder_digest(base),
+        "rows": digest(rows),
+        "sft": config_fingerprint(config),
+        "tuning": asdict(sft),
+    }
+    if copies is not None:  # only then, so that the other warm-ups keep their keys
+        _, copy_config = _copy_config(s, "unused")
+        recipe["copy"] = {"rows": digest(copies.to_list()), "sft": config_fingerprint(copy_config)}
+    key = digest(recipe)
     folder = cache / f"warm-{key}"
     if (folder / "config.json").exists():
         return folder, key
@@ -509,6 +548,12 @@ def warm_checkpoint(
     staging = Path(tempfile.mkdtemp(prefix=".warm-", dir=cache))
     args, _ = _warm_config(s, str(staging / "trainer"))
     start = time.perf_counter()
+    if copies is not None:
+        _, copy_config = _copy_config(s, str(staging / "trainer"))
+        SFTTrainer(
+            model=model, args=copy_config, train_dataset=copies, processing_class=tokenizer
+        ).train()
+        print(f"copy phase: {s.copy_steps} SFT steps on {len(copies)} rows")
     sft_warmup(
         model, tokenizer, make_task(s), 1, steps=s.warmup_steps, examples=len(dataset),
         batch_size=sft.batch, learning_rate=s.warmup_lr, args=args,

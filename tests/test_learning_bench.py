@@ -483,6 +483,32 @@ def test_a_lora_warm_up_is_merged_into_a_plain_checkpoint_with_no_leak(
     assert gates.warm_checkpoint(s, tmp_path, learning.warm_excluded(opts))[1] != key
 
 
+def test_hidden_codes_copy_phase_trains_first_and_is_in_the_warm_key(tmp_path, monkeypatch, capsys):
+    """`copy_steps`: the copies and lookups train before the warm-up, at the warm-up's rate
+    held constant; whether it runs, and its steps, are in the checkpoint's key."""
+    gates = sys.modules["learning_gates"]
+    monkeypatch.setitem(gates.TUNING, "tiny", gates.Tuning(batch=4, lora_r=0, capacity_steps=1))
+    argv = ["--task", "hidden_code", "--warmup_steps", "1", "--feedback_examples", "12"]
+    opts, s = learning.parse_options([*argv, "--copy_steps", "2"])
+    assert (
+        learning.parse_options(argv)[1].copy_steps == learning.PRESETS["hidden_code"]["copy_steps"]
+    )
+    for bad in (["--copy_steps", "-1"], ["--task", "hidden_rule", "--copy_steps", "5"]):
+        with pytest.raises(SystemExit):
+            learning.parse_options(bad)
+        assert "--copy_steps" in capsys.readouterr().err
+    excluded = learning.warm_excluded(opts)
+    _, key = gates.warm_checkpoint(s, tmp_path, excluded)
+    assert "copy phase: 2 SFT steps on 12 rows" in capsys.readouterr().out
+    _, copy_config = gates._copy_config(s, str(tmp_path / "unused"))
+    assert copy_config.lr_scheduler_type == "constant" and copy_config.max_steps == 2
+    assert copy_config.learning_rate == s.warmup_lr
+    _, without = gates.warm_checkpoint(dataclasses.replace(s, copy_steps=0), tmp_path, excluded)
+    assert "warm-up: 1 SFT steps" in (out := capsys.readouterr().out) and "copy phase" not in out
+    _, longer = gates.warm_checkpoint(dataclasses.replace(s, copy_steps=3), tmp_path, excluded)
+    assert len({key, without, longer}) == 3
+
+
 def test_a_users_model_folder_is_probed_as_it_ships(tiny_model_dir, tmp_path, capsys):
     """`--base PATH`: a user's own model (here the tiny one's folder) takes a real model's
     settings, and `--probe --warmup_steps 0` runs gate a on it as it is, cached."""

@@ -184,3 +184,27 @@ def test_the_hidden_code_warmup_keeps_out_every_code_and_teaches_no_letters_digi
         assert len(code) == hint.count("=")
         answer = re.findall(r"([A-Z])=(\d)", row["completion"][0]["content"])
         assert answer and all(code[letter] == digit for letter, digit in answer)
+
+
+def test_the_hidden_code_copy_phase_copies_and_looks_up_and_keeps_out_every_code():
+    """hidden_code's first warm-up phase (`copy_steps`): retries on decoys alone, half whose
+    hint is the reply itself and half whose hint is the decoy's whole code; none states a
+    code of the comparison or poses one of its held-out combinations."""
+    opts, s = learning.parse_options(["--task", "hidden_code", "--feedback_examples", "200"])
+    excluded = learning.warm_excluded(opts)
+    rows = gates.copy_dataset(s, excluded).to_list()
+    assert len(rows) == 200 and rows == gates.copy_dataset(s, excluded).to_list()
+    copies = lookups = 0
+    for row in rows:
+        hint = row["prompt"][-1]["content"].rpartition("\nHint: ")[2]
+        answer = row["completion"][0]["content"]
+        code = dict(re.findall(r"([A-Z])=(\d)", hint))
+        pairs = re.findall(r"([A-Z])=(\d)", answer)
+        assert pairs and all(code[letter] == digit for letter, digit in pairs)
+        copies += answer == f"<answer>{hint}</answer>"
+        lookups += len(code) in (5, 6) and len(code) == hint.count("=")
+    assert copies == lookups == 100
+    for level, rule_seed in excluded:
+        task = arms.make_task(learning.rule_settings(s, level, rule_seed))
+        leaks = gates.code_leaks(rows, task, level)
+        assert leaks["rule_text"] == leaks["held_out_question"] == 0, (level, rule_seed, leaks)
