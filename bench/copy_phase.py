@@ -15,7 +15,7 @@ retries only, each under a code of its own, and the hint is
 
 then answers, greedily, retries under 200 codes no training row used. It prints the SFT
 loss every `--log_every` steps, the first step at which the loss fell below half its value
-at the first log (`phase_change_step`), and the share of evaluation replies solved, of
+at `--plateau_from` (200; `phase_change_step`), and the share of evaluation replies solved, of
 their letters right and of those that repeat the prompt's letters.
 
 A small transformer learns such copying through a phase change (an induction head): the
@@ -65,16 +65,18 @@ def retry_rows(mode: str, n: int, seed: int) -> list[dict]:
     return rows
 
 
-def phase_change_step(losses: list[tuple[int, float]]) -> int | None:
-    """The first logged step whose loss is below half the first logged loss, else None.
+def phase_change_step(losses: list[tuple[int, float]], plateau_from: int) -> int | None:
+    """The first logged step whose loss is below half the plateau's, else None. The plateau's
+    loss is the first logged at or after `plateau_from`: by then the initial descent (the
+    format's tokens) is over, so a later halving is the copying being learned.
 
-    >>> phase_change_step([(50, 0.8), (100, 0.73), (150, 0.3)])
-    150
+    >>> phase_change_step([(50, 2.1), (200, 0.8), (250, 0.73), (300, 0.3)], plateau_from=200)
+    300
     """
-    if not losses:
+    plateau = next((loss for step, loss in losses if step >= plateau_from), None)
+    if plateau is None:
         return None
-    first = losses[0][1]
-    return next((step for step, loss in losses if loss < first / 2), None)
+    return next((step for step, loss in losses if step > plateau_from and loss < plateau / 2), None)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -89,6 +91,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--rows", type=int, default=20_000, help="training rows")
     parser.add_argument("--eval_n", type=int, default=200)
     parser.add_argument("--log_every", type=int, default=50)
+    parser.add_argument(
+        "--plateau_from",
+        type=int,
+        default=200,
+        help="the step from which the loss is on its plateau (phase_change_step)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     opts = parser.parse_args(argv)
     for name in ("steps", "batch", "rows", "eval_n", "log_every"):
@@ -152,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     figures = {
         "train_seconds": seconds,
         "final_loss": losses[-1][1] if losses else float("nan"),
-        "phase_change_step": phase_change_step(losses) or float("nan"),
+        "phase_change_step": phase_change_step(losses, opts.plateau_from) or float("nan"),
         "solved": statistics.fmean(s.breakdown["correctness"] for s in scores),
         "letters_right": statistics.fmean(s.breakdown["milestones"] for s in scores),
         "replies_repeating_the_letters": statistics.fmean(echo),

@@ -28,10 +28,13 @@ def test_copy_hints_are_the_answer_and_lookup_hints_the_whole_code():
         assert len(answer) == 3 and all(code[letter] == digit for letter, digit in answer)
 
 
-def test_phase_change_step():
-    assert copy_phase.phase_change_step([(50, 0.8), (100, 0.73), (150, 0.3)]) == 150
-    assert copy_phase.phase_change_step([(50, 0.8), (100, 0.73)]) is None
-    assert copy_phase.phase_change_step([]) is None
+def test_phase_change_step_is_the_halving_of_the_plateau_not_the_first_descent():
+    # The run of docs/log.md, shortened: 2.1 at the start, 0.76 on the plateau, then the fall.
+    losses = [(50, 2.1), (100, 0.9), (200, 0.76), (900, 0.73), (1000, 0.47), (1100, 0.369)]
+    assert copy_phase.phase_change_step(losses, plateau_from=200) == 1100
+    assert copy_phase.phase_change_step(losses[:5], plateau_from=200) is None
+    assert copy_phase.phase_change_step(losses, plateau_from=5000) is None
+    assert copy_phase.phase_change_step([], plateau_from=200) is None
 
 
 def test_a_short_run_prints_every_figure_and_evaluates_unseen_codes(capsys):
