@@ -501,11 +501,11 @@ def _warm_config(s: Settings, output_dir: str, steps: int | None = None):
 
 
 def _copy_config(s: Settings, output_dir: str):
-    """(ERLConfig, SFTConfig) of hidden_code's copy phase: `copy_steps` steps at the
-    warm-up's rate held constant (under a decaying rate the tiny model's loss stayed on its
-    plateau, docs/log.md)."""
-    args, config = _warm_config(s, output_dir, steps=s.copy_steps)
-    return args, replace(config, lr_scheduler_type="constant", warmup_steps=0)
+    """The SFTConfig of hidden_code's copy phase: `copy_steps` steps at the warm-up's rate
+    held constant (under a decaying rate the tiny model's loss stayed on its plateau,
+    docs/log.md)."""
+    _, config = _warm_config(s, output_dir, steps=s.copy_steps)
+    return replace(config, lr_scheduler_type="constant", warmup_steps=0)
 
 
 def warm_checkpoint(
@@ -537,7 +537,7 @@ def warm_checkpoint(
         "tuning": asdict(sft),
     }
     if copies is not None:  # only then, so that the other warm-ups keep their keys
-        _, copy_config = _copy_config(s, "unused")
+        copy_config = _copy_config(s, "unused")
         recipe["copy"] = {"rows": digest(copies.to_list()), "sft": config_fingerprint(copy_config)}
     key = digest(recipe)
     folder = cache / f"warm-{key}"
@@ -549,7 +549,7 @@ def warm_checkpoint(
     args, _ = _warm_config(s, str(staging / "trainer"))
     start = time.perf_counter()
     if copies is not None:
-        _, copy_config = _copy_config(s, str(staging / "trainer"))
+        copy_config = _copy_config(s, str(staging / "trainer"))
         SFTTrainer(
             model=model, args=copy_config, train_dataset=copies, processing_class=tokenizer
         ).train()

@@ -500,7 +500,7 @@ def test_hidden_codes_copy_phase_trains_first_and_is_in_the_warm_key(tmp_path, m
     excluded = learning.warm_excluded(opts)
     _, key = gates.warm_checkpoint(s, tmp_path, excluded)
     assert "copy phase: 2 SFT steps on 12 rows" in capsys.readouterr().out
-    _, copy_config = gates._copy_config(s, str(tmp_path / "unused"))
+    copy_config = gates._copy_config(s, str(tmp_path / "unused"))
     assert copy_config.lr_scheduler_type == "constant" and copy_config.max_steps == 2
     assert copy_config.learning_rate == s.warmup_lr
     _, without = gates.warm_checkpoint(dataclasses.replace(s, copy_steps=0), tmp_path, excluded)
