@@ -81,6 +81,40 @@ def test_register_task_checks_the_class(reverse_task, monkeypatch):
             register_task(name, cls)
 
 
+NO_EVALUATE = """
+from curriculum.tasks import Task
+
+
+class NoEvaluate(Task):
+    name = "noeval"
+
+    @property
+    def num_levels(self):
+        return 1
+
+    def _generate_one(self, level, rng):
+        return self.make_row(level, "Answer a.", "a?", "a")
+
+    def reference(self, row):
+        return "<answer>a</answer>"
+"""
+
+
+def test_a_task_without_evaluate_is_refused_by_the_class_check(tmp_path, monkeypatch, capsys):
+    """`evaluate` and `reference` are abstract on Task itself (not only on SplitTask): a
+    user's class that lacks one is refused in one line naming it, before anything runs."""
+    from pipeline.run.cli import main as run
+
+    (tmp_path / "noeval.py").write_text(NO_EVALUATE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=re.escape("NoEvaluate does not implement ['evaluate']")):
+        get_task("noeval:NoEvaluate")
+    code = run(["--task", "noeval:NoEvaluate", "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "does not implement ['evaluate']" in err[0] and not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow  # four commands, two short runs: about 90 s on a CPU
 def test_the_pages_run_and_evaluation_work_as_written(page_folder):
     """The page's commands, one after the other: the run on --task module:Class, the

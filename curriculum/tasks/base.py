@@ -143,6 +143,14 @@ class Task(ABC):
     def _generate_one(self, level: int, rng: random.Random) -> Row:
         """One row at `level`, drawn with `rng`."""
 
+    @abstractmethod
+    def evaluate(self, row: Row, completion: str) -> Evaluation:
+        """Score `completion` for `row`. Never raises on model output."""
+
+    @abstractmethod
+    def reference(self, row: Row) -> str:
+        """A completion that solves `row` (scores reward 1.0)."""
+
     # Helpers shared by the families ------------------------------------------------
 
     def make_row(self, level: int, system: str, user: str, answer: str, **meta: Any) -> Row:
@@ -188,11 +196,3 @@ class SplitTask(Task):
     def _generate_one(self, level: int, rng: random.Random) -> Row:
         # Not used: `generate` picks the split from the seed, which an rng does not carry.
         raise NotImplementedError(f"{type(self).__name__}.generate draws its rows by split")
-
-    @abstractmethod
-    def evaluate(self, row: Row, completion: str) -> Evaluation:
-        """Score `completion` for `row`. Never raises on model output."""
-
-    @abstractmethod
-    def reference(self, row: Row) -> str:
-        """A completion that solves `row` (scores reward 1.0)."""
