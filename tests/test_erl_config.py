@@ -29,7 +29,7 @@ def test_seed_defaults():
     "kwargs, message",
     [
         ({"reflection_system_prompt": "Fix {answer}"}, r"reflection_system_prompt.*\['answer'\]"),
-        ({"retry_system_prompt": "{prompt} {feedback}"}, r"retry_system_prompt.*\['feedback'\]"),
+        ({"retry_system_prompt": "{prompt} {memory}"}, r"retry_system_prompt.*\['memory'\]"),
         ({"retry_system_prompt": "{prompt"}, "retry_system_prompt is not a valid template"),
         ({"memory_size": -1}, "memory_size must be >= 0, got -1"),
         ({"memory_scope": "nearest"}, "memory_scope must be one of"),

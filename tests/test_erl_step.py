@@ -192,6 +192,40 @@ def test_without_reflection_each_failed_attempt_retries_with_its_own_feedback():
     assert result.metrics["erl/internalization_rows"] == 2.0
 
 
+def test_a_retry_template_with_feedback_shows_each_retry_its_own_attempts_feedback():
+    """{feedback} in the retry template: with one reflection per group, every failed attempt
+    of the group retries with the group's lesson AND its own attempt's feedback, which the
+    feedback function is asked for on every gated attempt (the reflection's among them)."""
+    questions = ["What is 1+1?", "What is 1+1?", "What is 1+1?", "What is 2+2?"]
+    backend = Backend(solvable={"What is 1+1?"})
+    asked = []
+    feedback = backend.feedback
+
+    def counting_feedback(rows, prompts, completions, *args, **kwargs):
+        asked.append(len(completions))
+        return feedback(rows, prompts, completions, *args, **kwargs)
+
+    backend.feedback = counting_feedback
+    first = first_attempts(questions, torch.tensor([0.0, 0.5, 0.2, 1.0]))
+    first.completions[1] = [{"role": "assistant", "content": "guess again"}]
+    first.completions[2] = [{"role": "assistant", "content": "third"}]
+    template = "{prompt}\n\nAdvice: {reflection} Own: {feedback}"
+    step = ERLStep(
+        settings(reflections_per_group=1, retry_system_prompt=template), ReflectionMemory(10)
+    )
+    step(backend, first, step=1)
+
+    (reflections, _), (retries, _) = backend.generated
+    assert len(reflections) == 1 and "Feedback: not guess\n" in content(reflections[0])
+    lesson = "Check What is 1+1? again."
+    assert [content(p) for p in retries] == [
+        f"What is 1+1?\n\nAdvice: {lesson} Own: not guess",
+        f"What is 1+1?\n\nAdvice: {lesson} Own: not guess again",
+        f"What is 1+1?\n\nAdvice: {lesson} Own: not third",
+    ]
+    assert asked == [3]  # once, for every gated attempt
+
+
 def test_no_gated_row_adds_nothing():
     backend = Backend()
     result = ERLStep(settings(), ReflectionMemory(5))(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import string
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +13,7 @@ from pipeline.erl.prompts import (
     DEFAULT_RETRY_PROMPT,
     REFLECTION_PLACEHOLDERS,
     RETRY_PLACEHOLDERS,
+    template_fields,
 )
 from pipeline.models.backend import activate_backend
 
@@ -54,11 +54,6 @@ def removed_option_message(name: str) -> str:
     return f"ERLConfig option {name} was {REMOVED_OPTIONS[name][1]}"
 
 
-def template_fields(template: str) -> set[str]:
-    """The `{placeholder}` names used in a str.format template."""
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-
-
 @dataclass(init=False)
 class ERLConfig(GRPOConfig):
     """GRPOConfig plus the Experiential RL settings (see docs/erl.md, "The ERL step").
@@ -92,7 +87,10 @@ class ERLConfig(GRPOConfig):
     )
     retry_system_prompt: str = field(
         default=DEFAULT_RETRY_PROMPT,
-        metadata={"help": "Retry template; placeholders {prompt} {reflection}."},
+        metadata={
+            "help": "Retry template; placeholders {prompt} {reflection} {feedback} (the "
+            "feedback on the retry's own first attempt)."
+        },
     )
     internalization_coef: float = field(
         default=1.0,

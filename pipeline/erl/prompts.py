@@ -13,6 +13,7 @@ No torch or trl here.
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,9 @@ DEFAULT_REFLECTION_PROMPT = (
 )
 DEFAULT_RETRY_PROMPT = "{prompt}\n\nAdvice from a previous attempt: {reflection}"
 REFLECTION_PLACEHOLDERS = ("prompt", "attempt", "feedback", "reward", "memory")
-RETRY_PLACEHOLDERS = ("prompt", "reflection")
+# {feedback} in a retry template: the feedback on the retry's own first attempt (ERLStep then
+# asks the feedback function for every gated attempt, not only for the reflecting ones).
+RETRY_PLACEHOLDERS = ("prompt", "reflection", "feedback")
 
 NO_MEMORY = "(none yet)"
 """The `{memory}` value when no stored reflection is retrieved."""
@@ -36,6 +39,11 @@ EMPTY_TASK = [{"role": "user", "content": ""}]
 """The prompt of a row without one (TRL's: its environment's `reset` text supplies it)."""
 
 CUT_MARK = "\n[... {count} characters cut ...]\n"
+
+
+def template_fields(template: str) -> set[str]:
+    """The `{placeholder}` names used in a str.format template."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
 
 
 def is_chat(prompt: Any) -> bool:
@@ -88,16 +96,14 @@ def reflection_prompt(
     return as_prompt(prompt, text)
 
 
-def retry_prompt(prompt: Any, template: str, reflection: str) -> Any:
+def retry_prompt(prompt: Any, template: str, reflection: str, feedback: str = "") -> Any:
     """The original prompt with its last turn rewritten by the retry template: a
     conversation keeps its system message, so the retry asks the task as before."""
     if not is_chat(prompt):
-        return template.format(prompt=prompt, reflection=reflection)
+        return template.format(prompt=prompt, reflection=reflection, feedback=feedback)
     *context, last = prompt
-    return [
-        *context,
-        {**last, "content": template.format(prompt=last["content"], reflection=reflection)},
-    ]
+    text = template.format(prompt=last["content"], reflection=reflection, feedback=feedback)
+    return [*context, {**last, "content": text}]
 
 
 def task_prompt(row: dict) -> Any:
@@ -106,7 +112,7 @@ def task_prompt(row: dict) -> Any:
     return row.get("prompt", EMPTY_TASK)
 
 
-def lesson_in_system(prompt: list, template: str, reflection: str) -> list:
+def lesson_in_system(prompt: list, template: str, reflection: str, feedback: str = "") -> list:
     """An episode's retry prompt: the conversation with the retry template applied to its
     system message (one added first when it has none), every other turn as it was, so
     the episode starts as the first attempt's did, with the lesson as its rulebook.
@@ -116,9 +122,9 @@ def lesson_in_system(prompt: list, template: str, reflection: str) -> list:
     """
     if prompt and prompt[0].get("role") == "system":
         system, rest = prompt[0], prompt[1:]
-        text = template.format(prompt=system["content"], reflection=reflection)
+        text = template.format(prompt=system["content"], reflection=reflection, feedback=feedback)
         return [{**system, "content": text.strip()}, *rest]
-    text = template.format(prompt="", reflection=reflection)
+    text = template.format(prompt="", reflection=reflection, feedback=feedback)
     return [{"role": "system", "content": text.strip()}, *prompt]
 
 

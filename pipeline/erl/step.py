@@ -53,6 +53,7 @@ from pipeline.erl.prompts import (
     reflection_prompt,
     retry_prompt,
     task_prompt,
+    template_fields,
 )
 
 NO_FEEDBACK = "No feedback available; the reward was below the target."
@@ -248,7 +249,12 @@ class ERLStep:
         processes = backend.processes
         chosen = self._pad(first, gated, pad_to)
         plan = self._plan(processes, first, chosen, len(gated))
-        feedback = self._feedback(backend, first, plan.reflecting)
+        own = self._feedback(backend, first, chosen) if self._retries_read_feedback() else None
+        feedback = (
+            self._feedback(backend, first, plan.reflecting)
+            if own is None
+            else _feedback_of(plan.reflecting, chosen, own)
+        )
         reflections, shown, cut = None, [], 0
         if self.settings.enable_reflection:
             shown = self._shown_per_row(processes, plan.reflecting, step)
@@ -256,9 +262,8 @@ class ERLStep:
             lessons = [text.strip() for text in reflections.texts]
         else:  # the raw-feedback baseline: each retry reads its own attempt's feedback
             lessons = feedback
-        retries, r2 = self._retry(
-            backend, chosen, self._lessons_per_retry(processes, plan, lessons)
-        )
+        lessons = self._lessons_per_retry(processes, plan, lessons)
+        retries, r2 = self._retry(backend, chosen, lessons, own or [""] * len(lessons))
         # A retry no reward function could score (all None -> NaN) carries no signal, as in GRPO.
         scored = [ok and r == r for ok, r in zip(chosen.valid, r2.tolist())]
         success = [
@@ -269,9 +274,9 @@ class ERLStep:
         advantages = self._credit(processes, plan, every)
         if reflections is not None:  # feedback is no lesson: nothing enters the memory
             self._remember(processes, plan, lessons, shown, every, step)
-        rows = self._new_rows(backend, plan, chosen, reflections, retries, advantages, success)
-        internalized = sum(success) if self._internalizing() else 0
-        metrics = self._metrics(backend, plan, r2, scored, success, internalized, rows)
+        kept = self._internalized(r2, scored, success)
+        rows = self._new_rows(backend, plan, chosen, reflections, retries, advantages, kept)
+        metrics = self._metrics(backend, plan, r2, scored, success, len(kept), rows)
         metrics["erl/attempts_cut"] = _global_sum(processes, cut, r2)
         return rows, metrics
 
@@ -339,7 +344,12 @@ class ERLStep:
         every = processes.gather_object(lessons)
         return [every[s] if s >= 0 else "" for s in plan.source]
 
-    # ---- Feedback: one string per reflecting first attempt.
+    # ---- Feedback: one string per reflecting first attempt, and per gated one where the
+    # retries read their own ({feedback} in the retry template, or no reflection).
+
+    def _retries_read_feedback(self) -> bool:
+        s = self.settings
+        return not s.enable_reflection or "feedback" in template_fields(s.retry_system_prompt)
 
     def _feedback(self, backend, first: FirstAttempts, chosen: Gated) -> list[str]:
         environments = first.environments
@@ -392,16 +402,20 @@ class ERLStep:
     # ---- Retry, scored by the reward functions against the ORIGINAL row (answer and
     # metadata columns); `attempt` tells them (and their logs) that these are retries.
 
-    def _retry(self, backend, chosen: Gated, lessons: list[str]) -> tuple[Attempts, torch.Tensor]:
+    def _retry(
+        self, backend, chosen: Gated, lessons: list[str], feedback: list[str]
+    ) -> tuple[Attempts, torch.Tensor]:
+        """`feedback`: each retry's own first attempt's (the template's {feedback})."""
         template = self.settings.retry_system_prompt
         if backend.episodic:  # a fresh episode from the row, the lesson as its rulebook
             prompts = [
-                lesson_in_system(task_prompt(row), template, lesson)
-                for row, lesson in zip(chosen.rows, lessons)
+                lesson_in_system(task_prompt(row), template, lesson, text)
+                for row, lesson, text in zip(chosen.rows, lessons, feedback)
             ]
         else:
             prompts = [
-                retry_prompt(p, template, lesson) for p, lesson in zip(chosen.prompts, lessons)
+                retry_prompt(p, template, lesson, text)
+                for p, lesson, text in zip(chosen.prompts, lessons, feedback)
             ]
         retries = backend.attempt(chosen.rows, prompts)
         r2 = backend.score(
@@ -510,12 +524,15 @@ class ERLStep:
     # ---- New rows: reflections and retries (filler rows stay inert, so every process keeps
     # the same row count), then internalization.
 
-    def _internalizing(self) -> bool:
-        return self.settings.enable_internalization and self.settings.internalization_coef > 0
+    def _internalized(self, r2, scored, success) -> list[tuple[int, float]]:
+        """(retry, advantage) of each internalization row: every successful retry, at
+        `internalization_coef` (the bench's ablations override this)."""
+        s = self.settings
+        if not (s.enable_internalization and s.internalization_coef > 0):
+            return []
+        return [(i, s.internalization_coef) for i, ok in enumerate(success) if ok]
 
-    def _new_rows(
-        self, backend, plan, chosen, reflections, retries, advantages, success
-    ) -> NewRows:
+    def _new_rows(self, backend, plan, chosen, reflections, retries, advantages, kept) -> NewRows:
         for_reflections, for_retries = advantages
         tried = retries.generated
         rows = NewRows(
@@ -538,8 +555,8 @@ class ERLStep:
             )
             reflection_rows.extend(rows)
             rows = reflection_rows
-        kept = [i for i, ok in enumerate(success) if ok] if self._internalizing() else []
         if kept:
+            kept, weights = [i for i, _ in kept], [a for _, a in kept]
             kept_ids = [tried.completion_ids[i] for i in kept]
             # The retry's trajectory under the task's own prompt (an episode's, its tool
             # results still masked). Not sampled from that prompt: no sampling log-probs
@@ -550,7 +567,7 @@ class ERLStep:
                         [retries.prompts[i] for i in kept], [chosen.rows[i] for i in kept]
                     ),
                     kept_ids,
-                    [self.settings.internalization_coef] * len(kept),
+                    weights,
                     [True] * len(kept),
                     backend.trainable(kept_ids),
                     tool_masks=[retries.tool_masks[i] for i in kept],
@@ -614,6 +631,13 @@ class ERLStep:
             torch.tensor([nll * tokens, float(tokens)], device=device)
         ).tolist()
         return total / all_tokens * self.settings.internalization_coef if all_tokens else None
+
+
+def _feedback_of(rows: Gated, chosen: Gated, feedback: list[str]) -> list[str]:
+    """The feedback of `rows` (a subset of `chosen`'s first attempts) from `chosen`'s
+    `feedback`; a filler row gets the stock line (it is masked out)."""
+    by_attempt = {i: text for i, ok, text in zip(chosen.index, chosen.valid, feedback) if ok}
+    return [by_attempt[i] if ok else NO_FEEDBACK for i, ok in zip(rows.index, rows.valid)]
 
 
 def _means(values: list[list[float]], like: torch.Tensor) -> torch.Tensor:
