@@ -148,9 +148,11 @@ PRESETS = {
 PRESETS["hidden_code"] = PRESETS["hidden_rule"] | dict(
     methods="grpo,grpo_matched,erl_defaults,erl_paper,raw_feedback_retry,sdpo_mixed",
     rules="1:1,2:2,2:3",
-    tuning_rules="1:0",
+    # Two tuning codes, one per level (issue 48): the sweep and the ablation run on them,
+    # never on a reported code, and the warm-up keeps both out.
+    tuning_rules="1:0,2:4",
     warm_excludes="",
-    sweep_seeds="5",
+    sweep_seeds="5,6",
     style="code",
     reward="partial",
     steps=40,
@@ -290,6 +292,10 @@ def parse_options(argv: list[str] | None = None):
     add("--skip_gates", action="store_true", help="compare without printing the gates")
     add("--warm_only", action="store_true", help="only build the warm checkpoint; print it")
     add("--fresh", action="store_true", help="ignore cached runs")
+    add("--shard", default="",
+        help="I/N: train only every N-th run from the I-th (0-based) into the cache, and print "
+        "no report; N such processes side by side (one torch thread each) fill the cache that "
+        "the same command without --shard then reports from")  # fmt: skip
     add(
         "--reward_model",
         default="",
@@ -324,6 +330,7 @@ def parse_options(argv: list[str] | None = None):
     except ValueError as err:
         parser.error(str(err) if "--" in str(err) else f"--sweep / --sweep_seeds: {err}")
     check_rules(parser, opts)
+    opts.shard = parse_shard(parser, opts.shard)
     fields = {f.name for f in dataclasses.fields(arms.Settings)}
     level, rule_seed = (opts.tuning_rules if opts.sweep else opts.rules)[0]
     values = {k: v for k, v in vars(opts).items() if k in fields}
@@ -336,6 +343,16 @@ def parse_options(argv: list[str] | None = None):
     except ValueError as err:
         parser.error(str(err))
     return opts, settings
+
+
+def parse_shard(parser, text: str) -> tuple[int, int] | None:
+    """`--shard I/N` -> (I, N), 0 <= I < N; "" -> None."""
+    if not text:
+        return None
+    index, sep, count = text.partition("/")
+    if not (sep and index.isdigit() and count.isdigit() and int(index) < int(count)):
+        parser.error(f"--shard {text!r}: I/N with 0 <= I < N (e.g. 0/2)")
+    return int(index), int(count)
 
 
 def check_rules(parser, opts) -> None:
@@ -652,6 +669,9 @@ def main(argv: list[str] | None = None) -> None:
                 settings[label], results[label] = rs, runs
     if opts.probe:
         return
+    if opts.shard:
+        print(f"shard {opts.shard[0]}/{opts.shard[1]}: done; the command without --shard reports")
+        return
     if not (opts.skip_gates or opts.sweep):
         for label, runs in results.items():
             print(f"\nrule {label}:")
@@ -676,7 +696,7 @@ def run_rule(opts, s, level: int, rule_seed: int, out: Path, work: Path, extra: 
         print(f"\ngate a for rule {rs.rule}:")
         print_probe(cached_probe(warm, warm_key, rs, out, opts))
         return
-    if not (opts.skip_gates or opts.sweep):
+    if not (opts.skip_gates or opts.sweep or opts.shard):
         print_gates(warm, warm_key, rs, out, opts)
     task = arms.make_task(rs)
     funcs = learned_funcs(task, rs, opts.reward_model) if opts.reward_model else None
@@ -685,11 +705,15 @@ def run_rule(opts, s, level: int, rule_seed: int, out: Path, work: Path, extra: 
         out / "gates" / f"start-{gate_key(warm_key, rs)}.json",
         evaluate, arms.load_model(warm),
     )  # fmt: skip
+    job = 0  # this rule's runs, numbered in order, for --shard
     for rate in [f"{rate:g}" for rate in opts.sweep] or [s.lr]:
         rs = rule_settings(s, level, rule_seed, rate)
         runs: dict[str, list[dict]] = {}
         for seed in opts.sweep_seeds if opts.sweep else range(opts.seeds):
             for method in opts.methods:
+                job += 1
+                if opts.shard and (job - 1) % opts.shard[1] != opts.shard[0]:
+                    continue
                 run = run_arm(method, seed, rs, warm, warm_key, work, out, funcs, extra, opts.fresh)
                 runs.setdefault(method, []).append(run | {"start": start})
         yield (f"{rs.rule} lr {rate}" if opts.sweep else rs.rule), rs, runs

@@ -35,6 +35,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from learning_steps import STEPS  # noqa: E402  (bench/, the script's own folder)
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
@@ -58,6 +59,9 @@ REFLECTION_TEMPLATE = (
     "Lessons:\n{memory}\nFix:"
 )
 RETRY_TEMPLATE = "{prompt}\nHint: {reflection}"
+# The retry reads its own attempt's feedback too, first, then the lesson, as one hint (each
+# is a text the warm-up shows as a hint).
+RETRY_FEEDBACK_TEMPLATE = "{prompt}\nHint: {feedback} {reflection}"
 REWARDS = {  # --reward
     "binary": {"correctness": 1.0},  # the sparse right/wrong reward
     "partial": {"correctness": 0.8, "milestones": 0.2},  # closeness as partial credit
@@ -89,6 +93,8 @@ class Arm:
     # The arm's own first attempts per prompt, at the same prompts per step (0: --generations,
     # or --matched_generations for a matched arm): ERL at the paper's budget runs 4.
     generations: int = 0
+    # An ERL step of learning_steps.STEPS in place of the product's (""): an ablation.
+    step: str = ""
 
 
 def arm(
@@ -98,6 +104,7 @@ def arm(
     lr_from: str = "",
     memory: dict | None = None,
     generations: int = 0,
+    step: str = "",
     **overrides,
 ) -> Arm:
     """An `Arm`; keyword options go to its trainer's config."""
@@ -109,6 +116,7 @@ def arm(
         lr_from,
         tuple(sorted((memory or {}).items())),
         generations,
+        step,
     )
 
 
@@ -188,7 +196,30 @@ LESSON_ARMS = {
         reflections_per_group=1, memory=dict(lessons_only=True, confirmations=True)
     ),
 }
-ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS, **LESSON_ARMS}
+# What makes erl_defaults miss where a lesson can be copied (issue 48): each changes ONE thing
+# of erl_defaults toward raw_feedback_retry. (A reflection per failed attempt, the other
+# change, is erl_lessons above.)
+LESSONS_MEMORY = dict(lessons_only=True, confirmations=True)
+
+
+def defaults_with(memory: dict | None = LESSONS_MEMORY, **change) -> Arm:
+    """erl_defaults (one reflection per group, the lessons-only memory, its learning rate)
+    with one `change`: a config option, its memory's, or its step."""
+    return arm(reflections_per_group=1, memory=memory, lr_from="erl_defaults", **change)
+
+
+CODE_ABLATIONS = {
+    # the retry reads its own attempt's feedback before the group's lesson
+    "erl_defaults_feedback": defaults_with(retry_system_prompt=RETRY_FEEDBACK_TEMPLATE),
+    # the reflections written and read, but no row of theirs in the loss
+    "erl_defaults_no_reflection_rows": defaults_with(step="no_reflection_rows"),
+    "erl_defaults_no_memory": defaults_with(memory=None, enable_memory=False),
+    # internalization_coef as seed 000 defines it: relative to the RL loss
+    "erl_defaults_int_loss": defaults_with(step="loss_weighted_internalization"),
+    # the ERL paper's code: every retry internalized, advantage max(r2, 0)
+    "erl_defaults_raft": defaults_with(step="raft_internalization"),
+}
+ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS, **LESSON_ARMS, **CODE_ABLATIONS}
 BASELINES = ("grpo", "grpo_matched")
 """The GRPO arms: the verdict compares every other ERLTrainer arm with the better of them."""
 
@@ -681,6 +712,8 @@ def train_one(
             memory=ReflectionMemory.from_config(args, **(PAPER_POLICY | dict(spec.memory))),
             processing_class=tokenizer,
         )
+        if spec.step:  # an ablation's step, over the trainer's own memory and credit
+            trainer.erl_step = STEPS[spec.step](args, trainer.memory, recording_retry_advantages)
     recorder = Recorder(
         trainer, held_out(task, tokenizer, s), s.eval_every, s.stop_at(name), f"{name}/{seed}"
     )

@@ -394,6 +394,31 @@ def test_erl_defaults_is_the_product_at_its_defaults_and_erl_stays_as_measured()
     assert arms.arm_config("erl", s, "unused", 0).enable_reflection is True
 
 
+def test_each_code_ablation_changes_one_thing_of_erl_defaults():
+    """Issue 48's ablations: each arm is erl_defaults (its config, memory, step and rate)
+    with exactly the one change it names."""
+    _, s = learning.parse_options(["--task", "hidden_code"])
+    base = arms.config_fingerprint(arms.arm_config("erl_defaults", s, "unused", 0))
+    spec = arms.ALL_ARMS["erl_defaults"]
+    expected = {
+        "erl_defaults_feedback": ({"retry_system_prompt": arms.RETRY_FEEDBACK_TEMPLATE}, {}),
+        "erl_defaults_no_reflection_rows": ({}, {"step": "no_reflection_rows"}),
+        "erl_defaults_no_memory": ({"enable_memory": False}, {"memory": ()}),
+        "erl_defaults_int_loss": ({}, {"step": "loss_weighted_internalization"}),
+        "erl_defaults_raft": ({}, {"step": "raft_internalization"}),
+    }
+    assert set(expected) == set(arms.CODE_ABLATIONS)
+    for name, (config_change, spec_change) in expected.items():
+        config = arms.config_fingerprint(arms.arm_config(name, s, "unused", 0))
+        assert {k: v for k, v in config.items() if base[k] != v} == config_change, name
+        ablation = arms.ALL_ARMS[name]
+        assert dataclasses.replace(ablation, lr_from="", overrides=spec.overrides) == (
+            dataclasses.replace(spec, **spec_change)
+        ), name
+        assert s.learning_rate(name) == s.learning_rate("erl_defaults")
+    assert "{feedback}" in arms.RETRY_FEEDBACK_TEMPLATE
+
+
 # SmolLM2 and the GPU path (issue 35) ---------------------------------------------------------
 
 
