@@ -19,6 +19,7 @@ from pipeline.erl.micro_batches import (
     plan_equal_micro_batches,
     plan_micro_batches,
     rows_per_micro_batch,
+    select_rows,
     split_plan,
 )
 
@@ -207,3 +208,28 @@ def test_a_micro_batch_keeps_the_tool_mask_of_its_columns_and_counts_the_models_
     ]
     # Unsloth rebuilds the mask from the ids; tool results stay out there too.
     assert loss_token_mask(batch, 0, unsloth=True, mask_truncated=False)[0].tolist() == [1, 0, 1]
+
+
+def test_select_rows_restricts_the_per_row_tensors_and_keeps_the_rest():
+    batch = {
+        "prompt_ids": torch.arange(6).view(3, 2),
+        "advantages": torch.tensor([0.5, 1.0, -1.0]),
+        "num_items_in_batch": torch.tensor(7),  # a scalar
+        "max_left_pad": torch.tensor([2]),  # not per row (one value for the batch)
+        "logits_to_keep": 4,
+    }
+    kept = select_rows(batch, torch.tensor([True, False, True]))
+    assert kept["prompt_ids"].tolist() == [[0, 1], [4, 5]]
+    assert kept["advantages"].tolist() == [0.5, -1.0]
+    assert kept["num_items_in_batch"].item() == 7 and kept["max_left_pad"].tolist() == [2]
+    assert kept["logits_to_keep"] == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_select_rows_takes_a_cuda_mask_to_a_tensor_on_the_cpu():
+    """Unsloth's trainer on a GPU leaves tensors of its own on the CPU in the batch: the
+    mask follows each tensor (this raised on an H200 before, in gpu_check.sh)."""
+    batch = {"prompt_ids": torch.ones(3, 2, device="cuda"), "extra": torch.arange(3)}
+    kept = select_rows(batch, torch.tensor([True, False, True], device="cuda"))
+    assert kept["extra"].tolist() == [0, 2] and kept["prompt_ids"].shape == (2, 2)

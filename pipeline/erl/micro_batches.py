@@ -55,9 +55,17 @@ def loss_token_mask(batch: dict, pad_id: int, unsloth: bool, mask_truncated: boo
 
 
 def select_rows(batch: dict, rows: torch.Tensor) -> dict:
-    """The batch restricted to `rows` (a bool mask or indices); scalars are kept."""
+    """The batch restricted to `rows` (a bool mask or indices) in every per-row tensor (one
+    whose first dimension is the batch's row count), wherever it lives; anything else is
+    kept. Unsloth's trainer on a GPU puts tensors of its own in the batch, some on the CPU
+    (seen on an H200: indexing one with the CUDA mask raised)."""
+    count = batch["prompt_ids"].size(0)
+
+    def per_row(value) -> bool:
+        return isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == count
+
     return {
-        key: value[rows] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
+        key: value[rows.to(value.device)] if per_row(value) else value
         for key, value in batch.items()
     }
 
