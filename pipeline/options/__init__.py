@@ -14,20 +14,22 @@ so they share one convention:
   that defaults to true) and an old spelling such as `--model` or `--base` still work as
   aliases, each with a one-line notice.
 - A bad option or input is one line on stderr, `error: <what> (<value>): <what to do>`,
-  with exit code 2 and no traceback; `--log_level debug` prints the traceback too.
+  with exit code 2 and no traceback; a fault the user suffers (a damaged state or weights
+  file, a full or read-only disk) one line with exit code 1; Ctrl-C one line with the
+  command that resumes, exit code 130. `--log_level debug` prints the traceback too.
 - `--help` answers at once: it prints the text stored from the command's parser
   (`help_text.py` in the command's package, written by `scripts/write_cli_help.py`;
   a test fails while it differs), because importing trl and transformers takes seconds.
 
 trl is imported inside the functions (after `activate_backend`).
 
-The package: `errors` (UsageError), `command` (`run_command`, the stored help), `parsing`
+The package: `errors` (UsageError, Fault, Interrupted), `command` (`run_command`, the stored help), `parsing`
 (recipes, TrlParser, aliases) and `values` (a task, its levels and signals, a model's
 location).
 """
 
 from pipeline.options.command import run_command, stored_help, wants_help
-from pipeline.options.errors import UsageError, notice, usage_errors
+from pipeline.options.errors import Fault, Interrupted, UsageError, fault_line, notice, usage_errors
 from pipeline.options.parsing import (
     HELP_EPILOG,
     HELP_WIDTH,
@@ -52,6 +54,8 @@ __all__ = [
     "HELP_EPILOG",
     "HELP_WIDTH",
     "HUB_TIMEOUT_S",
+    "Fault",
+    "Interrupted",
     "UsageError",
     "check_level",
     "check_local_model_early",
@@ -60,6 +64,7 @@ __all__ = [
     "check_signal_weights",
     "check_task",
     "cuda_bf16",
+    "fault_line",
     "named_options",
     "notice",
     "options_parser",

@@ -1,5 +1,6 @@
-"""Running a command under the convention: --help from the stored text, a UsageError as
-one line with exit code 2 and no traceback (`--log_level debug` adds it)."""
+"""Running a command under the convention: --help from the stored text; a UsageError as one
+line with exit code 2, a fault (`fault_line`) as one line with exit code 1, an interrupt as
+one line with exit code 130, each without a traceback (`--log_level debug` adds it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from pipeline.options.errors import UsageError
+from pipeline.options.errors import Interrupted, UsageError, fault_line
 from pipeline.options.parsing import peek_option
 
 
@@ -23,8 +24,10 @@ def run_command(
     """Run a command's `body(argv)` under the convention (`pipeline.options`); returns its exit code.
 
     `--help` prints `help_text()` and returns 0. A UsageError is printed as one line and
-    returns 2; `--log_level debug` (on the command line or in the recipe) prints the
-    traceback before it.
+    returns 2, a fault the user suffers (a damaged file, a full or read-only disk) returns
+    1, an interrupt 130 (with the command that resumes, where the body raised
+    `Interrupted`); `--log_level debug` (on the command line or in the recipe) prints the
+    traceback before the line.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if wants_help(argv):
@@ -33,10 +36,24 @@ def run_command(
     try:
         return body(argv)
     except UsageError as err:
-        if peek_option(argv, "log_level") == "debug":
-            traceback.print_exc()
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return _one_line(argv, f"error: {err}", 2)
+    except Interrupted as err:
+        return _one_line(argv, f"interrupted: resume with `{err}`", 130)
+    except KeyboardInterrupt:
+        return _one_line(argv, "interrupted", 130)
+    except Exception as err:
+        line = fault_line(err)
+        if line is None:
+            raise  # a bug of the project: its traceback
+        return _one_line(argv, f"error: {line}", 1)
+
+
+def _one_line(argv: list[str], line: str, code: int) -> int:
+    """Print `line` (after the traceback under `--log_level debug`); return `code`."""
+    if peek_option(argv, "log_level") == "debug":
+        traceback.print_exc()
+    print(line, file=sys.stderr)
+    return code
 
 
 def stored_help(module: ModuleType, prog: str) -> str | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.options import UsageError, run_command
+from pipeline.options import Interrupted, UsageError, run_command
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +97,11 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
         logger.info(distributed.describe())
 
     from curriculum.tasks.agent import is_agent_task
-    from pipeline.erl.memory import ReflectionMemory
     from pipeline.layout import RunLayout
     from pipeline.models.loading import load_policy
     from pipeline.models.tiny import build_tiny_model
-    from pipeline.run.checkpoints import remove_finished_checkpoints, save_policy
     from pipeline.run.checks import check_run
-    from pipeline.run.config import memory_policy, record_config
+    from pipeline.run.config import memory_policy
     from pipeline.run.console import quiet_libraries
     from pipeline.run.rewards import build_run_rewards
     from rewards import GenerationsLog
@@ -139,6 +137,26 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
         rewards = build_run_rewards(
             task, run, device=next(model.parameters()).device, generations_log=generations_log
         )
+
+    try:
+        _train(run, args, config, hooks, task, controller, layout, model, tokenizer, rewards,
+               generations_log, main_process)  # fmt: skip
+    except KeyboardInterrupt:
+        if not layout.state.exists():
+            raise  # nothing to resume: the same command starts again
+        # The state is written: the run resumes from its last complete save.
+        resume = f"python -m pipeline.run --output_dir {layout.root} --resume true"
+        raise Interrupted(resume) from None
+    return 0
+
+
+def _train(run, args, config, hooks, task, controller, layout, model, tokenizer, rewards,
+           generations_log, main_process) -> None:  # fmt: skip
+    """The run's files from the state on: warm-up, the stages, the final model and plots."""
+    from pipeline.erl.memory import ReflectionMemory
+    from pipeline.run import distributed
+    from pipeline.run.checkpoints import remove_finished_checkpoints, save_policy
+    from pipeline.run.config import record_config
 
     # ---- The run's files: the state first, so that a run killed after this resumes.
     if main_process:
@@ -217,7 +235,6 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     logger.info(
         f"done: {len(state.stages)} stages, {promoted} promoted; final model in {layout.final}"
     )
-    return 0
 
 
 @contextmanager

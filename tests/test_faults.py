@@ -1,0 +1,125 @@
+"""Faults a user can cause or suffer (issue 50) end in one line and a run that resumes:
+Ctrl-C in the warm-up and in a stage (exit 130, the command that resumes), a damaged state
+file (exit 1, the file named and left as it was), a read-only output folder (exit 1).
+Each runs `python -m pipeline.run` in a fresh process, as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_run import REPO, run_args
+
+
+def start(tiny_model_dir, out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "pipeline.run", *run_args(tiny_model_dir, out), *extra]
+    return subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(process: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out + err
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, finish(process)[1][-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def one_line(printed: str, prefix: str) -> str:
+    """The last line printed, which must start with `prefix`; no traceback anywhere."""
+    assert "Traceback" not in printed, printed[-3000:]
+    last = printed.strip().splitlines()[-1]
+    assert last.startswith(prefix), printed[-3000:]
+    return last
+
+
+def resume_as_printed(line: str, out: Path) -> dict:
+    """Run the command an interrupt printed, as written; it finishes the run. Returns the
+    state file."""
+    command = line.split("`")[1].split()
+    assert command[:3] == ["python", "-m", "pipeline.run"], line
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] and (out / "final").is_dir()
+    return state
+
+
+@pytest.mark.slow  # two processes: interrupted in stage 1, then resumed (~60 s)
+def test_ctrl_c_in_a_stage_prints_the_resume_command_and_the_run_resumes(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    process = start(tiny_model_dir, out, "--save_steps", "1")
+    checkpoint = out / "stage_1" / "checkpoints" / "checkpoint-1"
+    wait_for(checkpoint.exists, process)
+    process.send_signal(signal.SIGINT)
+    code, printed = finish(process)
+    line = one_line(printed, "interrupted: ")
+    assert code == 130
+    assert (
+        line
+        == f"interrupted: resume with `python -m pipeline.run --output_dir {out} --resume true`"
+    )
+    assert len(resume_as_printed(line, out)["stages"]) == 2
+
+
+@pytest.mark.slow  # interrupted in the warm-up, then resumed (~60 s)
+def test_ctrl_c_in_the_warm_up_prints_the_resume_command_and_the_run_resumes(
+    tiny_model_dir, tmp_path
+):
+    out = tmp_path / "run"
+    process = start(tiny_model_dir, out, "--warmup_sft_steps", "400")
+    wait_for((out / "curriculum_state.json").exists, process)
+    time.sleep(3)  # into the warm-up's steps
+    process.send_signal(signal.SIGINT)
+    code, printed = finish(process)
+    line = one_line(printed, "interrupted: resume with `")
+    assert code == 130 and not (out / "warmup").exists()  # the warm-up never finished
+    state = resume_as_printed(line, out)
+    assert (out / "warmup").is_dir() and state["stages"]
+
+
+@pytest.mark.slow  # two processes (~40 s)
+def test_a_damaged_state_file_is_named_in_one_line_and_left_as_it_was(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    state = out / "curriculum_state.json"
+    for damaged in ("", '{"stages": [{"stage": 1, "lev'):
+        state.write_text(damaged)
+        code, printed = finish(start(tiny_model_dir, out, "--resume", "true"))
+        line = one_line(printed, "error: ")
+        assert code == 1 and str(state) in line and "is corrupt" in line, printed[-2000:]
+        assert state.read_text() == damaged  # never overwritten
+
+
+@pytest.mark.slow  # two processes (~40 s)
+def test_a_read_only_output_folder_is_one_line(tiny_model_dir, tmp_path):
+    """A real read-only file system (a tmpfs mounted read-only), where this machine lets a
+    test mount one; root writes through file permissions, so a chmod would not do."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                             capture_output=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        for out in (folder, folder / "run"):
+            code, printed = finish(start(tiny_model_dir, out))
+            line = one_line(printed, "error: ")
+            assert code == 1 and "Read-only file system" in line and str(folder) in line, line
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
