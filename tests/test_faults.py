@@ -123,3 +123,44 @@ def test_a_read_only_output_folder_is_one_line(tiny_model_dir, tmp_path):
             assert code == 1 and "Read-only file system" in line and str(folder) in line, line
     finally:
         subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.slow  # two processes on a small tmpfs (~60 s)
+def test_a_disk_that_fills_during_a_save_stops_in_one_line_and_the_run_resumes(
+    tiny_model_dir, tmp_path
+):
+    """The disk fills right after stage 1's first checkpoint: the next save fails, the run
+    stops in one line (exit 1), the complete checkpoint and the state file are intact, and
+    once space is freed the command the line names finishes the run."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)],
+                             capture_output=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        out = disk / "run"
+        process = start(tiny_model_dir, out, "--save_steps", "1")
+        complete = out / "stage_1" / "checkpoints" / "checkpoint-1"
+        wait_for((complete / "curriculum_controller.json").exists, process)
+        filler = disk / "filler"
+        with open(filler, "wb") as f, pytest.raises(OSError, match="No space left"):
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        code, printed = finish(process)
+        line = one_line(printed, "error: no space left to write ")
+        assert code == 1 and "--resume true" in line
+        state = json.loads((out / "curriculum_state.json").read_text())
+        assert state["stages"][0]["status"] == "running"
+        assert (complete / "model.safetensors").stat().st_size > 0
+        filler.unlink()
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline.run", "--output_dir", str(out), "--resume", "true"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        assert json.loads((out / "curriculum_state.json").read_text())["finished"]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
