@@ -48,7 +48,7 @@ def one_line(printed: str, prefix: str) -> str:
 
 def resume_as_printed(line: str, out: Path) -> dict:
     """Run the command an interrupt printed, as written; it finishes the run. Returns the
-    state file."""
+    state file, and what the resume printed under "printed"."""
     command = line.split("`")[1].split()
     assert command[:3] == ["python", "-m", "pipeline.run"], line
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -57,7 +57,8 @@ def resume_as_printed(line: str, out: Path) -> dict:
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     state = json.loads((out / "curriculum_state.json").read_text())
     assert state["finished"] and (out / "final").is_dir()
-    return state
+    assert not (out / ".warmup_trainer").exists()  # no empty scratch folder left behind
+    return state | {"printed": done.stdout + done.stderr}
 
 
 @pytest.mark.slow  # two processes: interrupted in stage 1, then resumed (~60 s)
@@ -65,7 +66,7 @@ def test_ctrl_c_in_a_stage_prints_the_resume_command_and_the_run_resumes(tiny_mo
     out = tmp_path / "run"
     process = start(tiny_model_dir, out, "--save_steps", "1")
     checkpoint = out / "stage_1" / "checkpoints" / "checkpoint-1"
-    wait_for(checkpoint.exists, process)
+    wait_for((checkpoint / "curriculum_controller.json").exists, process)  # complete
     process.send_signal(signal.SIGINT)
     code, printed = finish(process)
     line = one_line(printed, "interrupted: ")
@@ -74,7 +75,18 @@ def test_ctrl_c_in_a_stage_prints_the_resume_command_and_the_run_resumes(tiny_mo
         line
         == f"interrupted: resume with `python -m pipeline.run --output_dir {out} --resume true`"
     )
-    assert len(resume_as_printed(line, out)["stages"]) == 2
+    # The checkpoints the interrupted stage left; the resume names the newest complete one.
+    complete = sorted(
+        (
+            p
+            for p in checkpoint.parent.glob("checkpoint-*")
+            if (p / "curriculum_controller.json").exists()
+        ),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
+    resumed = resume_as_printed(line, out)
+    assert len(resumed["stages"]) == 2
+    assert f"resuming {out} from {complete[-1]}" in resumed["printed"], resumed["printed"][-2000:]
 
 
 @pytest.mark.slow  # interrupted in the warm-up, then resumed (~60 s)

@@ -172,7 +172,7 @@ def _train(run, args, config, hooks, task, controller, layout, model, tokenizer,
     memory = ReflectionMemory.from_config(args, **config["memory_policy"])
     restored = _restore_latest(model, memory, layout, state)
     if restored:
-        logger.info(f"resuming {layout.root} from {restored}")
+        logger.info(f"resuming {layout.root} from {_resume_point(layout, controller, restored)}")
 
     # ---- Warm-up: teach the answer format on reference solutions (once per run), or
     # start from a policy the caller gives (a warm-up several runs share).
@@ -203,6 +203,7 @@ def _train(run, args, config, hooks, task, controller, layout, model, tokenizer,
         )
         if main_process:
             save_policy(model, tokenizer, memory, layout.warmup, atomic=True)
+            _remove_if_empty(layout.warmup_trainer)  # the warm-up trainer's scratch folder
 
     # ---- The stages: train until promoted or out of steps, evaluate, save, plot.
     from pipeline.run.stages import run_stage
@@ -263,6 +264,24 @@ def _restore_latest(model, memory, layout, state):
             memory.load(folder)
             return folder
     return None
+
+
+def _resume_point(layout, controller, restored: Path) -> Path:
+    """Where a resumed run continues: the running stage's latest complete trainer checkpoint
+    (its trainer loads it), else the saved policy `restored` (a finished stage, the warm-up)."""
+    from pipeline.run.checkpoints import latest_trainer_checkpoint
+
+    if controller.finished:
+        return restored
+    return latest_trainer_checkpoint(layout.stage_checkpoints(controller.stage)) or restored
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove `folder` and its empty subfolders when no file is left in it."""
+    import shutil
+
+    if folder.is_dir() and not any(p.is_file() for p in folder.rglob("*")):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _export(model, tokenizer, run, layout) -> None:
