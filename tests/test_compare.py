@@ -87,6 +87,31 @@ def test_bad_options_are_refused_in_one_line_before_anything_is_written(
     assert not folder.exists()
 
 
+def test_a_folder_that_holds_a_run_or_a_live_comparison_is_refused(
+    tiny_model_dir, tmp_path, capsys
+):
+    """`--output_dir` of a run of pipeline.run (live or finished), or of a comparison another
+    process is writing, is refused in one line, and nothing is written there."""
+    from filelock import FileLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "curriculum_state.json").write_text('{"stages": []}')
+    before = sorted(p.name for p in run.iterdir())
+    assert main(compare_args(tiny_model_dir, run)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --output_dir holds a run of python -m pipeline.run ({run}): give "
+                   "the comparison a folder of its own"]  # fmt: skip
+    assert sorted(p.name for p in run.iterdir()) == before
+    live = tmp_path / "cmp"
+    live.mkdir()
+    with FileLock(str(live / ".run.lock"), timeout=0):  # another writer holds it
+        assert main(compare_args(tiny_model_dir, live)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another process is writing this run" in err[0], err
+    assert not (live / "warmup").exists() and not (live / "runs").exists()
+
+
 def test_without_output_dir_it_writes_beside_the_recipes_run_folder(
     tiny_model_dir, tmp_path, monkeypatch
 ):

@@ -25,7 +25,10 @@ logger = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.compare`; returns the exit code (2: an option refused, in one line)."""
-    return run_command(compare, argv, _help)
+    from pipeline.run.lock import released_at_end
+
+    with released_at_end():  # the comparison folder's lock, as a run holds its own
+        return run_command(compare, argv, _help)
 
 
 def _help() -> str:
@@ -85,6 +88,7 @@ def compare(argv: list[str]) -> int:
     given = "output_dir" in named_options(user_argv)[0]
     root = Path(args.output_dir if given else f"{str(args.output_dir).rstrip('/')}-compare")
     check_output_path(root, "--output_dir")
+    _check_not_a_run(root)
     specs = plan_runs(config, args.seed, args.learning_rate, root)
 
     # ---- Every run's options, checked before anything is written; a finished run is read
@@ -99,7 +103,11 @@ def compare(argv: list[str]) -> int:
             _check_read_back(spec, record, settings[spec], options)
             finished[spec] = record
 
-    # ---- The shared warm-up, then the runs, seed by seed.
+    # ---- The shared warm-up, then the runs, seed by seed: one comparison writes the folder.
+    from pipeline.layout import RunLayout
+    from pipeline.run.lock import hold_output_dir
+
+    hold_output_dir(RunLayout(root), resume=False)
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -168,6 +176,19 @@ def compare(argv: list[str]) -> int:
     report.plot(root / "comparison.png", ran, f"{task.name} level {level}")
     print(f"wrote {root / 'comparison.json'} and {root / 'comparison.png'}")
     return 0 if not failed else 1
+
+
+def _check_not_a_run(root: Path) -> None:
+    """Refuse a folder that holds a run of `pipeline.run` (finished or live): the comparison
+    would write its warm-up and runs into it."""
+    from pipeline.layout import STATE_FILE
+
+    if (root / STATE_FILE).exists():
+        raise UsageError(
+            "--output_dir holds a run of python -m pipeline.run",
+            root,
+            "give the comparison a folder of its own",
+        )
 
 
 def _one_thread_on_a_cpu() -> None:
