@@ -132,3 +132,39 @@ class RunLayout:
             if match and path.is_dir():
                 found[int(match.group(1))] = path
         return found
+
+
+# Trainer checkpoints: complete or not used ------------------------------------------------
+
+CHECKPOINT_PREFIX = "checkpoint-"  # transformers' PREFIX_CHECKPOINT_DIR, without importing it
+TRAINER_STATE_FILE = "trainer_state.json"  # the Trainer writes it after the weights
+
+
+def checkpoint_is_complete(checkpoint: Path) -> bool:
+    """The one rule for every command that loads a trainer checkpoint (resume, evaluate,
+    compare): in a run's stage (`stage_<k>/checkpoints/`) its controller state is written,
+    which the run does after the trainer has finished the checkpoint; elsewhere (a plain
+    trainer's folder) the trainer's own state is written, which comes after the weights."""
+    in_a_run = (
+        checkpoint.parent.name == CHECKPOINTS_DIR
+        and (checkpoint.parent.parent.parent / STATE_FILE).exists()
+    )
+    marker = CONTROLLER_FILE if in_a_run else TRAINER_STATE_FILE
+    return (checkpoint / marker).exists()
+
+
+def newest_complete_checkpoint(*folders: Path) -> tuple[Path | None, list[Path]]:
+    """The newest complete `checkpoint-N` in `folders`, and the incomplete ones newer than
+    it, newest first (a save cut by a kill or a full disk): what to name as passed over."""
+    found = [
+        p
+        for folder in folders
+        for p in folder.glob(f"{CHECKPOINT_PREFIX}*")
+        if p.is_dir() and p.name.removeprefix(CHECKPOINT_PREFIX).isdigit()
+    ]
+    passed_over = []
+    for checkpoint in sorted(found, key=lambda p: -int(p.name.removeprefix(CHECKPOINT_PREFIX))):
+        if checkpoint_is_complete(checkpoint):
+            return checkpoint, passed_over
+        passed_over.append(checkpoint)
+    return None, passed_over

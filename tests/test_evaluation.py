@@ -252,7 +252,10 @@ def test_resolve_checkpoint_finds_the_latest_checkpoint(tmp_path, sub):
     for step in (3, 12, 7):
         (stage / sub / f"checkpoint-{step}").mkdir(parents=True)
         (stage / sub / f"checkpoint-{step}" / "adapter_config.json").write_text("{}")
-    (stage / sub / "checkpoint-99").mkdir()  # no model inside: a checkpoint being written
+        (stage / sub / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    # A checkpoint being written: its weights, not yet the trainer's state (the last file).
+    (stage / sub / "checkpoint-99").mkdir()
+    (stage / sub / "checkpoint-99" / "adapter_config.json").write_text("{}")
     assert resolve_checkpoint(str(stage)) == str(stage / sub / "checkpoint-12")
     (stage / "config.json").write_text("{}")  # a finished stage holds its model itself
     assert resolve_checkpoint(str(stage)) == str(stage)

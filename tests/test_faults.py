@@ -176,3 +176,35 @@ def test_a_disk_that_fills_during_a_save_stops_in_one_line_and_the_run_resumes(
         assert json.loads((out / "curriculum_state.json").read_text())["finished"]
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_cut_checkpoint_is_passed_over_by_every_command_that_loads_one(tmp_path, capsys):
+    """One rule (`pipeline.layout.checkpoint_is_complete`): in a run's stage a checkpoint
+    counts once the run wrote its controller state; in a plain trainer's folder once the
+    trainer wrote its own state. Evaluation and resume take the newest complete one and name
+    the cut ones; a folder with only a cut one is refused."""
+    from pipeline.evaluate.first_attempts import resolve_checkpoint
+    from pipeline.layout import RunLayout, newest_complete_checkpoint
+    from pipeline.run.checkpoints import latest_trainer_checkpoint
+
+    layout = RunLayout(tmp_path / "run")
+    checkpoints = layout.stage_checkpoints(2)
+    for n, files in ((2, ["config.json", "trainer_state.json", "curriculum_controller.json"]),
+                     (4, ["config.json", "trainer_state.json"])):  # fmt: skip
+        (checkpoints / f"checkpoint-{n}").mkdir(parents=True)
+        for name in files:
+            (checkpoints / f"checkpoint-{n}" / name).write_text("{}")
+    layout.state.write_text("{}")
+    good, cut = checkpoints / "checkpoint-2", checkpoints / "checkpoint-4"
+    assert newest_complete_checkpoint(checkpoints) == (good, [cut])
+    assert latest_trainer_checkpoint(checkpoints) == good
+    assert resolve_checkpoint(str(layout.stage(2))) == str(good)
+    assert f"note: passing over {cut}: its save did not finish" in capsys.readouterr().err
+    # Outside a run, the trainer's own state marks a complete checkpoint.
+    plain = tmp_path / "trainer_out"
+    (plain / "checkpoint-7").mkdir(parents=True)
+    (plain / "checkpoint-7" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no complete checkpoint: the save of checkpoint-7"):
+        resolve_checkpoint(str(plain))
+    (plain / "checkpoint-7" / "trainer_state.json").write_text("{}")
+    assert resolve_checkpoint(str(plain)) == str(plain / "checkpoint-7")

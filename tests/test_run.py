@@ -443,11 +443,12 @@ def test_a_run_interrupted_in_the_warmup_resumes(tiny_model_dir, tmp_path, monke
         raise KeyboardInterrupt
 
     monkeypatch.setattr(SFTTrainer, "train", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        main(run_args(tiny_model_dir, out))
+    assert main(run_args(tiny_model_dir, out)) == 130  # one line, the command that resumes
     monkeypatch.undo()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"interrupted: resume with `python -m pipeline.run --output_dir {out} --resume true`"
+    )
     assert (out / "curriculum_state.json").exists() and not (out / "warmup").exists()
-    capsys.readouterr()
     assert main(run_args(tiny_model_dir, out)) == 2
     assert "--resume true" in capsys.readouterr().err
 
@@ -495,9 +496,9 @@ def test_a_resume_needs_no_retyping(tiny_model_dir, tmp_path, monkeypatch, capsy
         raise KeyboardInterrupt
 
     monkeypatch.setattr(SFTTrainer, "train", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        main(started)
+    assert main(started) == 130
     monkeypatch.undo()
+    capsys.readouterr()
     resume = ["--output_dir", str(out), "--resume", "true"]
     assert main([*resume, "--eval_prompts", "8"]) == 2
     assert "started with other options (eval_prompts: 4 -> 8): " in capsys.readouterr().err

@@ -20,6 +20,7 @@ kept and counted in `EvalResult.trained`.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -288,23 +289,26 @@ def evaluate_first_attempts(
 
 def resolve_checkpoint(path_or_id: str) -> str:
     """The model folder `path_or_id` stands for: itself when it holds a model or an adapter,
-    else its latest trainer checkpoint (`checkpoint-N` in it or in its `checkpoints/`, as in
-    an interrupted stage); hub ids come back unchanged."""
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+    else its newest complete trainer checkpoint (`checkpoint-N` in it or in its
+    `checkpoints/`, as in an interrupted stage; `pipeline.layout.checkpoint_is_complete`),
+    naming any newer one it passed over; hub ids come back unchanged."""
+    from pipeline.layout import newest_complete_checkpoint
 
     path = Path(path_or_id)
     if not path.is_dir():
         return path_or_id
     if _holds_model(path):
         return str(path)
-    prefix = f"{PREFIX_CHECKPOINT_DIR}-"
-    checkpoints = [
-        p
-        for p in [*path.glob(f"{prefix}*"), *(path / CHECKPOINTS_DIR).glob(f"{prefix}*")]
-        if p.name.removeprefix(prefix).isdigit() and _holds_model(p)
-    ]
-    if checkpoints:
-        return str(max(checkpoints, key=lambda p: int(p.name.removeprefix(prefix))))
+    checkpoint, passed_over = newest_complete_checkpoint(path, path / CHECKPOINTS_DIR)
+    for cut in passed_over:
+        print(f"note: passing over {cut}: its save did not finish", file=sys.stderr)
+    if checkpoint is not None:
+        return str(checkpoint)
+    if passed_over:
+        raise ValueError(
+            f"{path_or_id} holds no complete checkpoint: the save of {passed_over[0].name} did "
+            "not finish; evaluate an earlier stage or the warm-up, or resume the run"
+        )
     raise ValueError(
         f"{path_or_id} holds no model: expected config.json (full model), adapter_config.json "
         "(PEFT adapter) or checkpoint-N subfolders (also under checkpoints/) holding one"

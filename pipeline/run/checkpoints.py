@@ -12,16 +12,17 @@ kill in between, when the run resumes).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
 from pathlib import Path
 
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
 from curriculum.atomic import atomic_folder, umask_modes
-from pipeline.layout import CONTROLLER_FILE, STATE_FILE, RunLayout
+from pipeline.layout import CONTROLLER_FILE, STATE_FILE, RunLayout, newest_complete_checkpoint
 from pipeline.options import UsageError
+
+logger = logging.getLogger(__name__)
 
 KILL_POINT_ENV = "ERL_TEST_KILL_AT"
 """Tests only: "<point>:<stage>" makes the run SIGKILL itself at that point."""
@@ -116,14 +117,14 @@ def load_policy_weights(model, folder: Path) -> None:
 
 
 def latest_trainer_checkpoint(folder: Path) -> Path | None:
-    """The newest complete trainer checkpoint: one whose controller state was written,
-    which happens after the trainer finished writing the checkpoint."""
+    """The running stage's newest complete trainer checkpoint (`checkpoint_is_complete`);
+    one a kill or a full disk cut is passed over, and said so."""
     if not folder.exists():
         return None
-    candidates = [
-        p for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if (p / CONTROLLER_FILE).exists()
-    ]
-    return max(candidates, key=lambda p: int(p.name.rsplit("-", 1)[1]), default=None)
+    checkpoint, passed_over = newest_complete_checkpoint(folder)
+    for cut in passed_over:
+        logger.info(f"passing over {cut}: its save did not finish")
+    return checkpoint
 
 
 def read_controller_state(checkpoint: Path) -> dict:
