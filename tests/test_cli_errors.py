@@ -398,6 +398,19 @@ def test_a_run_from_before_reflections_per_group_resumes_at_0_only(tmp_path):
     )
 
 
+def test_a_recipe_without_logging_steps_logs_every_step(tmp_path):
+    """TRL's default (10) left a short stage with no metrics.jsonl and no r2: the run logs
+    every step unless the recipe or the command line says otherwise."""
+    from pipeline.run.config import parse_run_config
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(Path(TINY).read_text().replace("logging_steps: 1\n", ""))
+    assert "logging_steps" not in recipe.read_text()
+    argv = ["--config", str(recipe), "--output_dir", str(tmp_path / "o")]
+    assert parse_run_config(argv)[-1].logging_steps == 1
+    assert parse_run_config([*argv, "--logging_steps", "5"])[-1].logging_steps == 5
+
+
 def test_a_recipe_without_bf16_trains_on_a_cpu(tmp_path):
     """TRL turns bf16 on by default, which transformers refuses without a GPU: the run's
     default is off where there is no CUDA GPU with bf16."""

@@ -411,7 +411,9 @@ def run_parser():
     ERLConfig activates the backend (from ERL_BACKEND) if none is active yet."""
     from pipeline.erl.config import ERLConfig
 
-    return options_parser(_dataclasses(ERLConfig), PROG)
+    parser = options_parser(_dataclasses(ERLConfig), PROG)
+    parser.set_defaults(**RUN_DEFAULTS)  # so that --help shows the run's own defaults
+    return parser
 
 
 def _dataclasses(erl_config: type) -> tuple[type, ...]:
@@ -428,12 +430,17 @@ def _check_precision(namespace) -> None:
         )
 
 
+# Defaults of the run that differ from TRL's: metrics every step (TRL's 10 left a short
+# stage with no metrics.jsonl, no r2 in its stage line and no r1/r2 on its progress bar).
+RUN_DEFAULTS = {"logging_steps": 1}
+
+
 def parse_run_config(argv: list[str], options_for: tuple[str, ...] = ()):
     """(RunConfig, ModelConfig, CurriculumConfig, ERLConfig) from a recipe and overrides;
     on a resume, from the options its run recorded and those the command line names.
 
     Without a CUDA GPU that has bf16, bf16 defaults to off (TRL's default turns it on and
-    transformers then refuses the machine). A bad option is a UsageError naming it, and so
+    transformers then refuses the machine); `logging_steps` defaults to 1 (RUN_DEFAULTS). A bad option is a UsageError naming it, and so
     is an option the user gives that no method of `options_for` reads (default: the run's
     own method; `check_options_read`). Call after `activate_backend` (or
     `choose_backend`): this imports trl.
@@ -450,7 +457,7 @@ def parse_run_config(argv: list[str], options_for: tuple[str, ...] = ()):
         _dataclasses(ERLConfig),
         with_default_recipe(argv),
         PROG,
-        defaults=({} if cuda_bf16() else {"bf16": False}) | recorded,
+        defaults=RUN_DEFAULTS | ({} if cuda_bf16() else {"bf16": False}) | recorded,
         check=_check_precision,
         removed={name: why for name, (_, why) in REMOVED_OPTIONS.items()},
     )

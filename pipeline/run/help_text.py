@@ -245,7 +245,7 @@ TEXTS = {
         "  --logging_steps LOGGING_STEPS, --logging-steps LOGGING_STEPS\n"
         "                        Log every X updates steps. Should be an integer or a float in range `[0,1)`.\n"
         "                        If smaller than 1, will be interpreted as ratio of total training steps.\n"
-        "                        (default: 10)\n"
+        "                        (default: 1)\n"
         "  --logging_first_step [LOGGING_FIRST_STEP], --logging-first-step [LOGGING_FIRST_STEP]\n"
         "                        Whether to log the first `global_step` or not. (default: False)\n"
         "  --log_on_each_node [LOG_ON_EACH_NODE], --log-on-each-node [LOG_ON_EACH_NODE]\n"
