@@ -512,6 +512,8 @@ REWARD_MODEL_CASES = [
     case("unknown option", ["--epochs", "3"],
      "error: unknown option(s) (--epochs): python -m pipeline.reward_model --help lists every "
      "option"),
+    case("missing --pairs file", ["--pairs", "TMP/nofile.jsonl"],
+     "error: --pairs: no such file (TMP/nofile.jsonl): give a JSONL of preference pairs"),
 ]  # fmt: skip
 
 
