@@ -139,6 +139,7 @@ class Scorer:
         """Completions that scored the fallback, counted once per batch."""
         self.failure_kinds: Counter[str] = Counter()
         self.last_failure_rate = 0.0
+        self._repeats: Counter[str] = Counter()  # warnings logged once, then counted
 
     def score(
         self, caller: str, completions: Sequence[Any], columns: dict[str, Any], count: bool = True
@@ -221,22 +222,32 @@ class Scorer:
         try:
             evaluation = self.task.evaluate(row, completion)
         except Exception as exc:  # a verifier bug must not stop training: count and go on
-            logger.warning(
-                "task %r verifier raised %s: %s", self.task.name, type(exc).__name__, exc
-            )
+            self._warn(f"task {self.task.name!r} verifier raised {type(exc).__name__}: {exc}")
             return Scored(None, VERIFIER_FAILED, "verifier_raised")
         if evaluation.error is not None:
             return Scored(evaluation, evaluation.error, "parse_error")
         if not _valid_values(evaluation, self.task.signals):
-            logger.warning(
-                "task %r returned reward %r, breakdown %r: not finite numbers in [0, 1] for %s",
-                self.task.name,
-                evaluation.reward,
-                evaluation.breakdown,
-                self.task.signals,
+            self._warn(
+                f"task {self.task.name!r} returned reward {evaluation.reward!r}, breakdown "
+                f"{evaluation.breakdown!r}: not finite numbers in [0, 1] for {self.task.signals}"
             )
             return Scored(evaluation, NOT_FINITE, "bad_value")
         return Scored(evaluation)
+
+    def _warn(self, message: str) -> None:
+        """Log `message` the first time; count its repeats (`repeated_warnings` reports them)."""
+        if message not in self._repeats:
+            logger.warning("%s (repeats are counted, not printed)", message)
+        self._repeats[message] += 1
+
+    def repeated_warnings(self) -> list[str]:
+        """One line per warning that repeated since the last call, with its count; resets."""
+        lines = [
+            f"{message} ({count - 1} more times)" for message, count in self._repeats.items()
+            if count > 1
+        ]  # fmt: skip
+        self._repeats.clear()
+        return lines
 
 
 def shared_scorer(task: Task, scorer: Scorer | None) -> Scorer:

@@ -174,6 +174,25 @@ def test_wrong_and_sloppy_answers_score_in_between(task):
     assert length == [0.0, 0.0]
 
 
+def test_a_repeated_verifier_warning_is_logged_once_and_counted(caplog):
+    """A verifier that raises on every call warns once; the stage reports the repeats."""
+    task = RaisingArithmetic()
+    scorer = Scorer(task, cache_size=0)
+    funcs, _ = build_reward_funcs(task, WEIGHTS, scorer=scorer)
+    row = task.generate(2, 1, seed=3)
+    with caplog.at_level("WARNING", logger="rewards.scoring"):
+        for _ in range(17):
+            call_all(funcs, ["<answer>boom</answer>"], row)
+    warned = [r.getMessage() for r in caplog.records if "verifier raised" in r.getMessage()]
+    assert len(warned) == 1 and "repeats are counted" in warned[0]
+    (line,) = scorer.repeated_warnings()
+    assert (
+        line.startswith("task 'arithmetic' verifier raised RuntimeError")
+        and "(16 more times)" in line
+    )
+    assert scorer.repeated_warnings() == []
+
+
 def test_unparseable_completion_scores_the_fallback_in_every_signal(task):
     scorer = Scorer(task)
     funcs, _ = build_reward_funcs(task, WEIGHTS, fallback=-0.75, scorer=scorer)

@@ -32,6 +32,9 @@ class RunRewards:
     """One weight per function: the stages' `reward_weights`."""
     feedback: Callable[..., list[str]]
     """ERL's `feedback_func`."""
+    scorer: Scorer
+    """The one evaluation per completion behind the program signals (its repeated warnings
+    are reported once per stage)."""
     eval_weights: dict[str, float] | None
     """The signals a stage's held-out evaluation scores (as r1 weighs them), or None for
     the task's own reward: when every program weight is 0 (the programs only watch and
@@ -71,4 +74,4 @@ def build_run_rewards(
             device=device,
             program_feedback=programs_count,
         )
-    return RunRewards(funcs, weights, feedback, stage_eval_weights(run.reward_signals))
+    return RunRewards(funcs, weights, feedback, scorer, stage_eval_weights(run.reward_signals))

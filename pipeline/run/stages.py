@@ -243,6 +243,8 @@ def run_stage(
         plot_run(layout.root, stages=[], baseline=run.baseline_run)
     wait_for_everyone()
     logger.info(_summary(stage, level, run.method, steps, decision, callback.r2_mean(), evaluation))
+    for line in rewards.scorer.repeated_warnings():  # each logged once when it first came
+        logger.warning(f"[stage {stage}] repeated: {line}")
 
 
 def _summary(stage, level, method, steps, decision, r2, evaluation) -> str:
