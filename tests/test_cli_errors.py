@@ -481,9 +481,11 @@ def test_evaluate_names_the_checkpoint_of_an_unfinished_stage(tiny_model_dir, tm
     """A stage folder without a model of its own is scored at its latest complete trainer
     checkpoint, and the command says which one (also in the JSON)."""
     stage = tmp_path / "run" / "stage_2"
-    for step in (2, 4):
+    for step in (2, 4, 6):
         shutil.copytree(tiny_model_dir, stage / "checkpoints" / f"checkpoint-{step}")
-    (stage / "checkpoints" / "checkpoint-6").mkdir()  # being written: no model yet
+    for step in (2, 4):  # complete: the trainer wrote its state (after the weights)
+        (stage / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    # checkpoint-6 is being written: its weights, not yet the trainer's state
     out = tmp_path / "eval.json"
     argv = [
         "--model_name_or_path", str(stage), "--task", "arithmetic", "--level", "1",
@@ -492,8 +494,11 @@ def test_evaluate_names_the_checkpoint_of_an_unfinished_stage(tiny_model_dir, tm
     ]  # fmt: skip
     assert evaluate(argv) == 0
     checkpoint = stage / "checkpoints" / "checkpoint-4"
-    printed = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    printed = captured.out.splitlines()
     assert printed[0] == f"model: {checkpoint} (the latest checkpoint in {stage})"
+    cut = stage / "checkpoints" / "checkpoint-6"
+    assert f"note: passing over {cut}: its save did not finish" in captured.err
     written = json.loads(out.read_text())
     assert (written["model"], written["checkpoint"]) == (str(stage), str(checkpoint))
 

@@ -15,7 +15,9 @@ code 2, before anything is written (`pipeline.options`).
 
 from __future__ import annotations
 
-from pipeline.options import run_command, usage_errors
+from pathlib import Path
+
+from pipeline.options import UsageError, run_command, usage_errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +55,10 @@ def train_from_command_line(argv: list[str]) -> int:
         if options.from_run:
             pairs = pairs_from_run(options.from_run)
         elif options.pairs:
+            if not Path(options.pairs).is_file():
+                raise UsageError(
+                    "--pairs: no such file", options.pairs, "give a JSONL of preference pairs"
+                )
             pairs = read_pairs(options.pairs)
         else:
             pairs = read_dataset(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 PROG = "python -m pipeline.reward_model"
@@ -114,10 +113,6 @@ class RewardModelArguments:
             raise ValueError(
                 "give exactly one of --pairs, --from_run and --dataset_name"
                 + (f", not {' and '.join(sources)}" if sources else "")
-            )
-        if self.pairs is not None and not Path(self.pairs).is_file():
-            raise ValueError(
-                f"--pairs: no such file ({self.pairs}): give a JSONL of preference pairs"
             )
         if not 0 <= self.heldout_fraction < 1:
             raise ValueError(f"--heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
