@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,22 @@ def one_line(printed: str, prefix: str) -> str:
     last = printed.strip().splitlines()[-1]
     assert last.startswith(prefix), printed[-3000:]
     return last
+
+
+@contextmanager
+def tmpfs(folder: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at `folder` with `options` (a real read-only or full file system;
+    root writes through file permissions, so a chmod would not do); the test is skipped
+    where this machine lets no test mount one."""
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                             capture_output=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
 def resume_as_printed(line: str, out: Path) -> dict:
@@ -120,21 +138,12 @@ def test_a_damaged_state_file_is_named_in_one_line_and_left_as_it_was(tiny_model
 
 @pytest.mark.slow  # two processes (~40 s)
 def test_a_read_only_output_folder_is_one_line(tiny_model_dir, tmp_path):
-    """A real read-only file system (a tmpfs mounted read-only), where this machine lets a
-    test mount one; root writes through file permissions, so a chmod would not do."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
-                             capture_output=True)  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    """A real read-only file system: a tmpfs mounted read-only."""
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as folder:
         for out in (folder, folder / "run"):
             code, printed = finish(start(tiny_model_dir, out))
             line = one_line(printed, "error: ")
             assert code == 1 and "Read-only file system" in line and str(folder) in line, line
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
 
 
 @pytest.mark.slow  # two processes on a small tmpfs (~60 s)
@@ -144,13 +153,7 @@ def test_a_disk_that_fills_during_a_save_stops_in_one_line_and_the_run_resumes(
     """The disk fills right after stage 1's first checkpoint: the next save fails, the run
     stops in one line (exit 1), the complete checkpoint and the state file are intact, and
     once space is freed the command the line names finishes the run."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)],
-                             capture_output=True)  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "size=48m") as disk:
         out = disk / "run"
         process = start(tiny_model_dir, out, "--save_steps", "1")
         complete = out / "stage_1" / "checkpoints" / "checkpoint-1"
@@ -174,8 +177,6 @@ def test_a_disk_that_fills_during_a_save_stops_in_one_line_and_the_run_resumes(
         )  # fmt: skip
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         assert json.loads((out / "curriculum_state.json").read_text())["finished"]
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 def test_a_cut_checkpoint_is_passed_over_by_every_command_that_loads_one(tmp_path, capsys):

@@ -23,13 +23,13 @@ so they share one convention:
 
 trl is imported inside the functions (after `activate_backend`).
 
-The package: `errors` (UsageError, Fault, Interrupted), `command` (`run_command`, the stored help), `parsing`
-(recipes, TrlParser, aliases) and `values` (a task, its levels and signals, a model's
-location).
+The package: `errors` (UsageError, Interrupted, `fault_line`), `command` (`run_command`, the
+stored help), `parsing` (recipes, TrlParser, aliases) and `values` (a task, its levels and
+signals, a model's location).
 """
 
 from pipeline.options.command import run_command, stored_help, wants_help
-from pipeline.options.errors import Fault, Interrupted, UsageError, fault_line, notice, usage_errors
+from pipeline.options.errors import Interrupted, UsageError, fault_line, notice, usage_errors
 from pipeline.options.parsing import (
     HELP_EPILOG,
     HELP_WIDTH,
@@ -54,7 +54,6 @@ __all__ = [
     "HELP_EPILOG",
     "HELP_WIDTH",
     "HUB_TIMEOUT_S",
-    "Fault",
     "Interrupted",
     "UsageError",
     "check_level",

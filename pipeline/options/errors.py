@@ -47,11 +47,6 @@ def notice(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
-class Fault(Exception):
-    """A fault the user suffers rather than a bad option: printed as `error: <message>`,
-    exit code 1. Raise it with the file it concerns and what to do."""
-
-
 class Interrupted(Exception):
     """Ctrl-C during a command that can be resumed; its message is the command that
     resumes it (`run_command` prints it and exits with 130)."""
@@ -63,10 +58,10 @@ READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 def fault_line(err: BaseException) -> str | None:
     """The one line for a fault the user can suffer (None: not one, a bug keeps its traceback):
-    a `Fault`, a damaged curriculum state file, a full or read-only disk, damaged weights."""
+    a damaged curriculum state file, a full or read-only disk, damaged weights."""
     from curriculum.state import CorruptStateError
 
-    if isinstance(err, Fault | CorruptStateError):
+    if isinstance(err, CorruptStateError):
         return str(err)
     if isinstance(err, OSError) and err.errno in NO_SPACE + READ_ONLY:
         where = err.filename or "the output folder"

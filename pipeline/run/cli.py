@@ -269,11 +269,13 @@ def _restore_latest(model, memory, layout, state):
 def _resume_point(layout, controller, restored: Path) -> Path:
     """Where a resumed run continues: the running stage's latest complete trainer checkpoint
     (its trainer loads it), else the saved policy `restored` (a finished stage, the warm-up)."""
-    from pipeline.run.checkpoints import latest_trainer_checkpoint
+    from pipeline.layout import newest_complete_checkpoint
 
     if controller.finished:
         return restored
-    return latest_trainer_checkpoint(layout.stage_checkpoints(controller.stage)) or restored
+    # The stage's trainer names the cut checkpoints it passes over; this only reads.
+    checkpoint, _ = newest_complete_checkpoint(layout.stage_checkpoints(controller.stage))
+    return checkpoint or restored
 
 
 def _remove_if_empty(folder: Path) -> None:
