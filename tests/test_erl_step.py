@@ -163,6 +163,23 @@ def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
     }
 
 
+def test_one_reflection_per_group_stores_each_group_its_own_lesson():
+    """reflections_per_group=1: the memory pairs a group's prompt with the lesson that group's
+    retries succeeded with, not with a retry's index into another group's lesson (a
+    regression: the per-retry lesson list once reached the memory)."""
+    questions = ["What is 1+1?", "What is 1+1?", "What is 2+2?", "What is 2+2?"]
+    backend = Backend(solvable={"What is 2+2?"})
+    memory = ReflectionMemory(10)
+    step = ERLStep(settings(reflections_per_group=1), memory)
+    step(backend, first_attempts(questions, torch.zeros(4)), step=1)
+
+    (reflections, _), (retries, _) = backend.generated
+    assert len(reflections) == 2 and len(retries) == 4  # one lesson per group, read by both
+    assert [(e.prompt, e.reflection) for e in memory] == [
+        ("What is 2+2?", "Check What is 2+2? again.")
+    ]
+
+
 def test_without_reflection_each_failed_attempt_retries_with_its_own_feedback():
     """enable_reflection=False (the raw-feedback baseline): no reflection is generated or
     trained, reflections_per_group is not read, every gated attempt's retry reads its own

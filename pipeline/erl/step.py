@@ -262,8 +262,8 @@ class ERLStep:
             lessons = [text.strip() for text in reflections.texts]
         else:  # the raw-feedback baseline: each retry reads its own attempt's feedback
             lessons = feedback
-        lessons = self._lessons_per_retry(processes, plan, lessons)
-        retries, r2 = self._retry(backend, chosen, lessons, own or [""] * len(lessons))
+        per_retry = self._lessons_per_retry(processes, plan, lessons)
+        retries, r2 = self._retry(backend, chosen, per_retry, own or [""] * len(per_retry))
         # A retry no reward function could score (all None -> NaN) carries no signal, as in GRPO.
         scored = [ok and r == r for ok, r in zip(chosen.valid, r2.tolist())]
         success = [
