@@ -79,6 +79,35 @@ def test_a_tool_the_model_cannot_be_shown_is_named(tmp_path, capsys, monkeypatch
     assert "make it private" in err
 
 
+def test_a_budget_shorter_than_one_tool_call_is_refused_before_anything_is_written(
+    tmp_path, capsys
+):
+    out = tmp_path / "run"
+    assert main(agent_args(out, "--max_completion_length", "4")) == 2
+    err = capsys.readouterr().err
+    assert "--max_completion_length is shorter than one tool call" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_budget_check_measures_the_solutions_first_call(tool_model_dir):
+    """The refusal's threshold is the first call's tokens as GRPOTrainer renders the turn:
+    exactly that many pass, one fewer is refused."""
+    from transformers import AutoTokenizer
+
+    from pipeline.options import UsageError
+    from pipeline.run.checks import check_agent_budget
+
+    task = get_task("frozenlake_agent")
+    tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
+    with pytest.raises(UsageError) as refused:
+        check_agent_budget(task, tokenizer, 1, 1)
+    call = int(str(refused.value).split("first call takes ")[1].split()[0])
+    assert call > 5  # the JSON of a call: name, argument, the tags and the end of turn
+    check_agent_budget(task, tokenizer, call, 1)  # exactly one call fits
+    with pytest.raises(UsageError):
+        check_agent_budget(task, tokenizer, call - 1, 1)
+
+
 def test_the_recipe_caps_tool_rounds_at_the_tasks_largest_turn_limit():
     from pipeline.run.checks import check_agent_task
     from pipeline.run.config import choose_backend, parse_run_config

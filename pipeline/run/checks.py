@@ -121,6 +121,36 @@ def check_agent_task(task: Task, methods: tuple[str, ...], run, args) -> None:
         )
 
 
+def check_agent_budget(task: Task, tokenizer, max_completion_length: int, level: int) -> None:
+    """--max_completion_length must hold one tool call: TRL counts an episode's turns and
+    tool results against it, so a budget shorter than the task's own first call cuts every
+    episode before a tool runs, and the run trains on nothing but cut calls. The call is
+    the first of the reference solution of one row at `level`, rendered as GRPOTrainer
+    renders it (needs the tokenizer: checked after loading, still before the first write)."""
+    if not is_agent_task(task):
+        return
+    from pipeline.models.tool_warmup import render_episode
+
+    row = task.generate(level, 1, seed=0)[0]
+    environment, prompt = task.start(row)
+    try:
+        _, mask = render_episode(
+            tokenizer, prompt + task.reference(row), environment_tools(environment)
+        )
+    except ValueError:  # a template TRL cannot split into turns: TRL itself says so at step 1
+        return
+    start = mask.index(1) if 1 in mask else len(mask)
+    call = next((k for k in range(start, len(mask)) if not mask[k]), len(mask)) - start
+    if 0 < max_completion_length < call:
+        raise UsageError(
+            f"--max_completion_length is shorter than one tool call of the agent task "
+            f"{task.name} (its solution's first call takes {call} tokens), so no episode "
+            "would get a tool's reply",
+            max_completion_length,
+            f"give at least {call}, and room for the replies and the closing turn",
+        )
+
+
 def check_exports(run, model) -> None:
     """--save_gguf needs Unsloth's GPU stack; --save_merged an adapter to merge."""
     from pipeline.models.backend import unsloth_patches_trainers
