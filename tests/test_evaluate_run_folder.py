@@ -76,3 +76,24 @@ def test_a_stage_folder_is_evaluated_as_its_stage_line(tiny_model_dir, tmp_path,
     assert len(held_out) == 10 and not held_out & trained
     for sample in written["samples"]:  # the prompt's text ends with the user's question
         assert any(sample["prompt"].endswith(question) for question in held_out), sample
+
+
+def test_a_run_whose_stage_is_still_running_is_scored_at_its_models_level(tmp_path):
+    """The run folder's model is the last finished stage's while the next one runs: its
+    level, and its trained prompts, are that stage's, not the running stage's."""
+    from curriculum.state import CurriculumState
+    from pipeline.evaluate.run_folder import find_run
+
+    root = tmp_path / "run"
+    (root / "stage_1").mkdir(parents=True)
+    (root / "run_config.json").write_text(json.dumps({"task": "arithmetic"}))
+    state = CurriculumState(root / "curriculum_state.json")
+    state.start_stage(1)
+    state.finish_stage(1, "promoted", steps=4, r1_mean=0.7, controller={}, checkpoint="stage_1")
+    state.start_stage(2)
+
+    found = find_run(str(root))
+    assert (found.model, found.stage, found.stage_level()) == (root / "stage_1", 1, 1)
+    (root / "final").mkdir()  # once the run has finished, its final model and last stage
+    found = find_run(str(root))
+    assert (found.model, found.stage, found.stage_level()) == (root / "final", None, 2)

@@ -98,7 +98,10 @@ def find_run(path: str) -> RecordedRun | None:
         return None
     config = json.loads(layout.run_config.read_text())
     state = CurriculumState.load(layout.state)
-    model = given if root != given else _run_model(layout, state)
+    if root == given:
+        model, stage = _run_model(layout, state)
+    else:
+        model = given
     return RecordedRun(layout, config, state, stage, model)
 
 
@@ -107,10 +110,14 @@ def _stage_number(folder: Path) -> int | None:
     return int(number) if folder.name.startswith(STAGE_PREFIX) and number.isdigit() else None
 
 
-def _run_model(layout: RunLayout, state: CurriculumState) -> Path:
-    """A run folder's model: final/, else its last finished stage, else the folder itself
-    (which `resolve_checkpoint` then refuses, naming what it looked for)."""
+def _run_model(layout: RunLayout, state: CurriculumState) -> tuple[Path, int | None]:
+    """A run folder's model and the stage it is from: final/ (None: the last stage), else
+    its last finished stage (a stage still running is not the model's, so its level is not
+    the one to score at), else the folder itself (which `resolve_checkpoint` then refuses,
+    naming what it looked for)."""
     if (layout.root / FINAL_DIR).exists():
-        return layout.root / FINAL_DIR
+        return layout.root / FINAL_DIR, None
     finished = [s for s in state.stages if s.finished and s.checkpoint]
-    return layout.root / finished[-1].checkpoint if finished else layout.root
+    if finished:
+        return layout.root / finished[-1].checkpoint, finished[-1].stage
+    return layout.root, None
