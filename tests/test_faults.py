@@ -107,6 +107,37 @@ def test_ctrl_c_in_a_stage_prints_the_resume_command_and_the_run_resumes(tiny_mo
     assert f"resuming {out} from {complete[-1]}" in resumed["printed"], resumed["printed"][-2000:]
 
 
+@pytest.mark.slow  # one run uninterrupted, one interrupted in stage 1 and resumed (~90 s)
+def test_a_resumed_stage_ends_with_the_uninterrupted_runs_figures(tiny_model_dir, tmp_path):
+    """Interrupted at a checkpoint and resumed, the run ends as the uninterrupted one does:
+    the same stages, steps, rewards and evaluations, the stage lines counting the whole
+    stage's reflections, and no missing-key warning for the tied lm_head."""
+    whole = tmp_path / "whole"
+    code, uninterrupted = finish(start(tiny_model_dir, whole, "--save_steps", "1"))
+    assert code == 0, uninterrupted[-3000:]
+    out = tmp_path / "run"
+    process = start(tiny_model_dir, out, "--save_steps", "1")
+    checkpoint = out / "stage_1" / "checkpoints" / "checkpoint-2" / "curriculum_controller.json"
+    wait_for(checkpoint.exists, process)
+    process.send_signal(signal.SIGINT)
+    code, printed = finish(process)
+    resumed = resume_as_printed(one_line(printed, "interrupted: "), out)
+
+    def figures(folder: Path) -> list[tuple]:
+        stages = json.loads((folder / "curriculum_state.json").read_text())["stages"]
+        keys = ("level", "status", "steps", "r1_mean", "r2_mean", "eval_reward")
+        return [tuple(stage[k] for k in keys) for stage in stages]
+
+    def stage_lines(text: str) -> list[str]:
+        return [line for line in text.splitlines() if "] reflections: " in line]
+
+    assert figures(out) == figures(whole)
+    # The stage the kill cut counts what it wrote before the kill too.
+    cut = stage_lines(printed + resumed["printed"])
+    assert cut and cut == stage_lines(uninterrupted)[: len(cut)]
+    assert "missing keys" not in resumed["printed"]
+
+
 @pytest.mark.slow  # interrupted in the warm-up, then resumed (~60 s)
 def test_ctrl_c_in_the_warm_up_prints_the_resume_command_and_the_run_resumes(
     tiny_model_dir, tmp_path

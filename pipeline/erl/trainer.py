@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import logging
 import os
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from curriculum.atomic import atomic_write_json
 from pipeline.models.backend import (
     activate_backend,
     check_trainer_base,
@@ -82,6 +85,9 @@ from pipeline.models.quantization import (  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
 logger = logging.getLogger(__name__)
+
+TALLY_FILE = "erl_tally.json"
+"""The ERL step's counts in a checkpoint (reflections written, the memory's outcomes)."""
 
 # Unsloth options that add batch keys (sample weights, rollout log-probs as old) that ERL's
 # rows would have to carry; refused up front rather than at the first gated batch.
@@ -270,13 +276,19 @@ class ERLTrainer(GRPOTrainer):
         """Save the model as GRPOTrainer does, plus the reflection memory beside it."""
         super().save_model(output_dir, _internal_call)  # checkpoints go through here too
         if self.args.should_save:
-            self.memory.save(output_dir or self.args.output_dir)
-            record_base_quantization(self.model, output_dir or self.args.output_dir)
+            folder = Path(output_dir or self.args.output_dir)
+            self.memory.save(folder)
+            # The step's counts so far, so that a resumed stage counts the whole stage.
+            atomic_write_json(folder / TALLY_FILE, dict(self.erl_step.tally))
+            record_base_quantization(self.model, folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
             self.memory.load(checkpoint)
+            tally = Path(checkpoint) / TALLY_FILE
+            if tally.exists():
+                self.erl_step.tally = Counter(json.loads(tally.read_text()))
 
     # Generation and scoring ------------------------------------------------------------
 

@@ -131,7 +131,20 @@ def load_policy(
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
+    name_tied_weights(model)
     return model, tokenizer
+
+
+def name_tied_weights(model) -> list[str]:
+    """Name the tied copies of a model's weights (an lm_head tied to the embeddings, as
+    transformers records them in `all_tied_weights_keys`) as keys it does not save, and
+    return them. A checkpoint holds one copy; a trainer that resumes from it (transformers'
+    `_issue_warnings_after_load`) then ties them again instead of warning that
+    `lm_head.weight` is missing."""
+    tied = sorted(getattr(model, "all_tied_weights_keys", None) or {})
+    if tied:
+        model._keys_to_ignore_on_save = sorted({*(model._keys_to_ignore_on_save or ()), *tied})
+    return tied
 
 
 def _load_with_unsloth(
