@@ -108,7 +108,7 @@ def test_a_folder_that_holds_a_run_or_a_live_comparison_is_refused(
     with FileLock(str(live / ".run.lock"), timeout=0):  # another writer holds it
         assert main(compare_args(tiny_model_dir, live)) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "another process is writing this run" in err[0], err
+    assert len(err) == 1 and "another process is writing this folder" in err[0], err
     assert not (live / "warmup").exists() and not (live / "runs").exists()
 
 

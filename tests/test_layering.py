@@ -1,7 +1,7 @@
 """The layering, read from the imports: every import points down, and none goes in a circle.
 
     curriculum  <-  rewards  <-  pipeline
-    inside pipeline:  layout, models, options  <-  erl, sdpo  <-  evaluate  <-  reward_model
+    inside pipeline:  layout, models, options  <-  erl, sdpo, lock  <-  evaluate  <-  reward_model
                       <-  run  <-  compare
 
 A module may import its own unit and the units below it, never one above or beside it;
@@ -27,6 +27,7 @@ LAYERS = {
     "pipeline.options": 2,
     "pipeline.erl": 3,
     "pipeline.sdpo": 3,  # beside erl: neither imports the other
+    "pipeline.lock": 3,  # one writer per output folder: for the commands above
     "pipeline.evaluate": 4,
     "pipeline.reward_model": 5,
     "pipeline.run": 6,

@@ -92,9 +92,9 @@ def test_a_live_run_keeps_its_folder_and_a_killed_one_resumes(tiny_model_dir, tm
                 assert main(argv(tiny_model_dir, out, "--max_stage_steps", "100000", *extra)) == 2
                 err = capsys.readouterr().err.strip()
                 assert err == (
-                    f"error: --output_dir: another process is writing this run ({out}, process "
+                    f"error: --output_dir: another process is writing this folder ({out}, process "
                     f"{first.pid}): wait for it to end (or stop it) before you start or resume a "
-                    "run there, or choose another --output_dir"
+                    "command that writes there, or choose another folder"
                 ), err
                 assert first.poll() is None
             assert {p: p.stat().st_mtime_ns for p in out.glob("*.json")} == files
@@ -131,7 +131,8 @@ def test_a_refused_start_takes_away_the_lock_and_the_folders_it_made(tmp_path, c
     assert main(argv) == 2  # refused before the lock: the level
     assert not (tmp_path / "runs").exists()
     from pipeline.layout import RunLayout
-    from pipeline.run.lock import hold_output_dir, released_at_end
+    from pipeline.lock import released_at_end
+    from pipeline.run.lock import hold_output_dir
 
     with released_at_end():
         hold_output_dir(RunLayout(out), resume=False)
@@ -141,3 +142,46 @@ def test_a_refused_start_takes_away_the_lock_and_the_folders_it_made(tmp_path, c
         hold_output_dir(RunLayout(out), resume=False)
         (out / "curriculum_state.json").write_text("{}")  # the run wrote: the folder stays
     assert sorted(p.name for p in out.iterdir()) == ["curriculum_state.json"]
+
+
+def test_every_other_writer_of_a_live_folder_is_refused_with_nothing_written(
+    tiny_model_dir, tmp_path, capsys
+):
+    """A reward model trained into a live folder, and an evaluation whose --output_json
+    goes into a live run's folder, are refused in one line; outside a run folder the
+    evaluation takes no lock and writes its JSON."""
+    from filelock import FileLock
+
+    from pipeline.evaluate.cli import main as evaluate
+    from pipeline.reward_model.cli import main as reward_model
+
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "run_config.json").write_text("{}")
+    pairs = tmp_path / "pairs.jsonl"
+    row = {"prompt": "1+1", "chosen": "<answer>2</answer>", "rejected": "no"}
+    pairs.write_text((json.dumps(row) + "\n") * 8)
+    evaluation = [
+        *("--model_name_or_path", tiny_model_dir, "--task", "arithmetic", "--level", "1"),
+        *("--num_prompts", "2", "--max_new_tokens", "4", "--disable_tqdm", "true"),
+    ]
+    with FileLock(str(live / ".run.lock"), timeout=0):  # a run writes the folder
+        code = reward_model(
+            [
+                "--pairs",
+                str(pairs),
+                "--model_name_or_path",
+                tiny_model_dir,
+                "--output_dir",
+                str(live),
+            ]
+        )
+        assert code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "error: --output_dir: another process is writing" in err[0]
+        assert evaluate([*evaluation, "--output_json", str(live / "eval.json")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "error: --output_json: another process is writing" in err[0]
+        assert sorted(p.name for p in live.iterdir()) == [".run.lock", "run_config.json"]
+        assert evaluate([*evaluation, "--output_json", str(tmp_path / "eval.json")]) == 0
+    assert json.loads((tmp_path / "eval.json").read_text())["level"] == 1

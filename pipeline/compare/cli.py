@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.compare`; returns the exit code (2: an option refused, in one line)."""
-    from pipeline.run.lock import released_at_end
+    from pipeline.lock import released_at_end
 
     with released_at_end():  # the comparison folder's lock, as a run holds its own
         return run_command(compare, argv, _help)

@@ -171,7 +171,10 @@ def evaluator_parser():
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.evaluate`; returns the exit code (2: refused, in one line)."""
-    return run_command(evaluate_from_command_line, argv, _help)
+    from pipeline.lock import released_at_end
+
+    with released_at_end():  # a run folder's lock, while --output_json writes into it
+        return run_command(evaluate_from_command_line, argv, _help)
 
 
 def _help() -> str:
@@ -254,6 +257,10 @@ def evaluate_from_command_line(argv: list[str]) -> int:
     max_new_tokens = args.max_new_tokens or recorded.get("max_completion_length") or 256
     model_path = str(found.model) if found else args.model_name_or_path
     check_model_source(args.model_name_or_path, "--model_name_or_path")
+    if args.output_json and (into := _run_folder_of(Path(args.output_json))):
+        from pipeline.lock import hold_folder
+
+        hold_folder(into, "--output_json")  # a run writing there: one writer at a time
     with usage_errors():
         folder = resolve_checkpoint(model_path)
     if Path(folder) != Path(model_path):
@@ -297,3 +304,14 @@ def evaluate_from_command_line(argv: list[str]) -> int:
         record = {"model": args.model_name_or_path, "checkpoint": folder, "weights": weights}
         atomic_write_json(args.output_json, {**record, **result.to_dict()})
     return 0
+
+
+def _run_folder_of(path: Path) -> Path | None:
+    """The run folder `path` would be written into (its own or an ancestor's), or None."""
+    from pipeline.layout import RunLayout
+
+    for folder in path.absolute().parents:
+        layout = RunLayout(folder)
+        if layout.run_config.exists() or layout.lock.exists():
+            return folder
+    return None

@@ -10,7 +10,8 @@ The options are TRL's `RewardConfig` fields plus the project's few
 (`pipeline.reward_model.config`); pairs: `pipeline.reward_model.pairs`; training:
 `pipeline.reward_model.train`. The last line printed is `heldout_pair_accuracy: X`. A bad
 option, a bad pair or a base model that is not there is one line, `error: ...`, with exit
-code 2, before anything is written (`pipeline.options`).
+code 2, before anything is written (`pipeline.options`); so is an `--output_dir` another
+command is writing (`pipeline.lock`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from pipeline.options import UsageError, run_command, usage_errors
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.reward_model`; returns the exit code (2: refused, in one line)."""
-    return run_command(train_from_command_line, argv, _help)
+    from pipeline.lock import released_at_end
+
+    with released_at_end():  # the output folder's lock (pipeline.lock)
+        return run_command(train_from_command_line, argv, _help)
 
 
 def _help() -> str:
@@ -65,6 +69,9 @@ def train_from_command_line(argv: list[str]) -> int:
                 options.dataset_name, options.dataset_config, options.dataset_train_split
             )
     check_model_source(options.model_name_or_path, "--model_name_or_path")
+    from pipeline.lock import hold_folder
+
+    hold_folder(Path(args.output_dir), "--output_dir")  # one writer at a time
     summary = train_reward_model(pairs, options, args)
     print(f"pairs: {summary['train_pairs']} train, {summary['heldout_pairs']} held out")
     print(f"train_loss: {summary['train_loss']:.4f}")

@@ -34,9 +34,9 @@ logger = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.run`; returns the exit code (2: an option refused, in one line)."""
-    from pipeline.run.lock import released_at_end
+    from pipeline.lock import released_at_end
 
-    with released_at_end():  # the output folder's lock (pipeline.run.lock)
+    with released_at_end():  # the output folder's lock (pipeline.lock)
         return run_command(run_curriculum, argv, _help)
 
 
@@ -129,6 +129,9 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
             trust_remote_code=args.trust_remote_code,
             gradient_checkpointing=args.gradient_checkpointing,
         )
+    from pipeline.run.checks import check_agent_budget
+
+    check_agent_budget(task, tokenizer, args.max_completion_length, controller.level)
     generations_log = (
         GenerationsLog(layout.root, every=run.log_generations_every) if main_process else None
     )
