@@ -53,7 +53,6 @@ def compare(argv: list[str]) -> int:
     backend = choose_backend(user_argv)
     config = parse_compare_options(own, user_argv)
     methods = tuple(config.method_list())
-    _one_thread_on_a_cpu()
     run, _, curriculum, args = parse_run_config(user_argv, options_for=methods)
     from pipeline.compare import report
     from pipeline.compare.runs import (
@@ -108,6 +107,12 @@ def compare(argv: list[str]) -> int:
     from pipeline.run.lock import hold_output_dir
 
     hold_output_dir(RunLayout(root), resume=False)
+    from pipeline.models.threads import use_cpu_threads
+
+    # One thread unless asked otherwise, as the learning bench and the tests use: the runs'
+    # seconds stay comparable whatever else the machine does (pipeline.models.threads).
+    if threads := use_cpu_threads(run.threads, default=1):
+        print(threads)
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -189,19 +194,6 @@ def _check_not_a_run(root: Path) -> None:
             root,
             "give the comparison a folder of its own",
         )
-
-
-def _one_thread_on_a_cpu() -> None:
-    """One torch thread on a CPU unless OMP_NUM_THREADS says otherwise, as the learning
-    bench and the tests use: the runs' seconds stay comparable, and on a CPU other jobs
-    share, two threads waiting on each other's cores made the tiny comparison several
-    times slower (docs/results.md)."""
-    import os
-
-    import torch
-
-    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)
 
 
 def _run_options(argv: list[str], backend: str, methods: tuple[str, ...]) -> tuple[int, dict]:

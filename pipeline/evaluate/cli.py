@@ -118,13 +118,20 @@ class EvaluateArguments:
         default=None, metadata={"help": "Also write the result as JSON to this file. Was --json."}
     )
     disable_tqdm: bool = field(default=False, metadata={"help": "Hide the progress bar."})
+    threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch threads on a CPU (unset: OMP_NUM_THREADS when set, else the cores no "
+            "other process keeps busy). Ignored on a GPU."
+        },
+    )
     log_level: Literal["passive", "debug", "info", "warning", "error", "critical"] = field(
         default="passive", metadata={"help": "debug: a refused option also prints its traceback."}
     )
 
     def validate(self) -> None:
         """Reject a bad count or temperature, naming it."""
-        for name in ("num_prompts", "max_new_tokens", "batch_size"):
+        for name in ("num_prompts", "max_new_tokens", "batch_size", "threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UsageError(
                     f"--{name} must be >= 1", getattr(self, name), "give a positive count"
@@ -267,6 +274,10 @@ def evaluate_from_command_line(argv: list[str]) -> int:
         print(f"model: {folder} (the latest checkpoint in {model_path})")
     elif Path(folder) != Path(args.model_name_or_path):
         print(f"model: {folder} (the run's)")
+    from pipeline.models.threads import use_cpu_threads
+
+    if threads := use_cpu_threads(args.threads):
+        print(threads)
     try:
         model, tokenizer = load_for_evaluation(folder, load_in_4bit=args.load_in_4bit)
     except (ValueError, OSError) as err:

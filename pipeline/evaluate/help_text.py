@@ -49,6 +49,8 @@ TEXTS = {
         "                        Also write the result as JSON to this file. Was --json. (default: None)\n"
         "  --disable_tqdm [DISABLE_TQDM], --disable-tqdm [DISABLE_TQDM]\n"
         "                        Hide the progress bar. (default: False)\n"
+        "  --threads THREADS     torch threads on a CPU (unset: OMP_NUM_THREADS when set, else the cores no\n"
+        "                        other process keeps busy). Ignored on a GPU. (default: None)\n"
         "  --log_level {passive,debug,info,warning,error,critical}, --log-level {passive,debug,info,warning,error,critical}\n"
         "                        debug: a refused option also prints its traceback. (default: passive)\n"
         "  --config RECIPE.yaml  YAML recipe of option: value lines; options given after it override it.\n"

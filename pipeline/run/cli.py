@@ -114,6 +114,10 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     # Read before run_config.json is written (below): a resume keeps its run's memory policy.
     config["memory_policy"] = memory_policy(layout.run_config)
     distributed.wait_for_everyone()  # every process checks the folder before anything is written
+    from pipeline.models.threads import use_cpu_threads
+
+    if threads := use_cpu_threads(run.threads):  # before the model: loading runs on them too
+        logger.info(threads)
 
     # ---- The model: loaded once, it stays loaded across stages; then the rewards, whose
     # learned signals score on the policy's device. Both before the first write too.

@@ -148,6 +148,13 @@ class RunConfig:
         default=20,
         metadata={"help": "Append sampled generations to generations.jsonl every N reward calls."},
     )
+    threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch threads on a CPU (unset: OMP_NUM_THREADS when set, else the cores no "
+            "other process keeps busy; docs/run.md). Ignored on a GPU."
+        },
+    )
 
     def validate(self) -> None:
         """Parse mapping options given as JSON and reject bad values, naming them."""
@@ -174,6 +181,8 @@ class RunConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         for name in ("eval_prompts", "warmup_sft_steps", "warmup_sft_examples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -268,6 +277,7 @@ RESUME_SAFE_OPTIONS = frozenset(
         "save_merged",
         "save_gguf",
         "baseline_run",
+        "threads",
     }
 )
 

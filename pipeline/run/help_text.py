@@ -69,6 +69,8 @@ TEXTS = {
         "  --log_generations_every LOG_GENERATIONS_EVERY, --log-generations-every LOG_GENERATIONS_EVERY\n"
         "                        Append sampled generations to generations.jsonl every N reward calls.\n"
         "                        (default: 20)\n"
+        "  --threads THREADS     torch threads on a CPU (unset: OMP_NUM_THREADS when set, else the cores no\n"
+        "                        other process keeps busy; docs/run.md). Ignored on a GPU. (default: None)\n"
         "  --model_name_or_path MODEL_NAME_OR_PATH, --model-name-or-path MODEL_NAME_OR_PATH\n"
         "                        Hub id or local folder of the policy. (default: Qwen/Qwen2.5-1.5B-Instruct)\n"
         "  --backend BACKEND     auto | unsloth | transformers. auto takes Unsloth when a CUDA GPU is\n"
