@@ -393,3 +393,35 @@ def test_an_environment_without_tools_sets_the_retries_up_too(tool_model_dir, tm
     (environments,) = trainer._retry_pool.values()
     assert sorted(e.target for e in environments) == sorted(row["target"] for row in batch)
     assert output["prompt_ids"].size(0) == 4 * len(batch)  # reflections, retries, copies
+
+
+def test_evaluation_charges_tool_replies_what_training_charges(tool_model_dir, tmp_path):
+    """`pipeline.evaluate`'s episodes count a round of tool replies as the trainer does (its
+    own suffix: the replies rendered with the next generation prompt, not the replies' text
+    alone), so at one budget evaluation keeps the tool results training keeps."""
+    from pipeline.evaluate.episodes import _Episode, tool_suffix_length
+    from pipeline.models.tool_warmup import grpo_chat_template
+
+    trainer = agent_trainer(tool_model_dir, tmp_path)
+    tokenizer = trainer.processing_class
+    replies = [{"role": "tool", "name": "guess", "content": "higher"}]
+    cost = tool_suffix_length(tokenizer, grpo_chat_template(tokenizer), replies)
+    assert cost == len(trainer._get_tool_suffix_ids(replies))
+    assert cost > len(tokenizer.encode("higher", add_special_tokens=False))
+
+    class Task:  # a guess episode, as AgentTask.start gives it
+        def start(self, row):
+            environment = GuessEnv()
+            return environment, [{"role": "user", "content": environment.reset(target=7)}]
+
+    turn = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "guess",
+                                                             "arguments": {"number": 3}}}]}  # fmt: skip
+    # Turns of 20 tokens at a budget that holds one round of replies and not a second turn's.
+    budget = 20 + cost + 19
+    episode = _Episode(Task(), {}, tokenizer, grpo_chat_template(tokenizer))
+    episode.add_turn(dict(turn), 20, budget, True, max_len=10_000)
+    assert episode.tokens == 20 + cost and not episode.done
+    episode.add_turn(dict(turn), 18, budget, True, max_len=10_000)
+    assert episode.done  # TRL rolls the second round of replies back: it would pass the budget
+    assert [m["role"] for m in episode.completion] == ["assistant", "tool", "assistant"]

@@ -151,3 +151,36 @@ def test_tool_masks_join_the_batch_and_leave_tool_results_out_of_the_item_count(
         pad_rows(
             NewRows([[1]], [[5, 6, 7, 8]], [0.0], [True], [True], tool_masks=[[1, 0]]), 0, "cpu"
         )
+
+
+def test_a_retry_rows_vllm_ratio_leaves_its_tool_results_out_as_trl_does():
+    """A retry episode with a tool result, sampled by vLLM: TRL's tool loop records 0.0 as
+    the sampling log-prob of the tool's tokens. The sequence-mode ratio is TRL's formula
+    over the model's own tokens: 1.0 where the sampler and the policy agree (counting the
+    tool tokens gave exp(5 x -0.5) = 0.082)."""
+    from pipeline.erl.batch import merge_rows
+
+    current = -0.5  # the policy's log-prob of every token
+    tool = [1, 0, 0, 0, 0, 0, 1]  # a call, five tokens of the tool's reply, the answer
+    sampled = [current if m else 0.0 for m in tool]
+    rows = NewRows([[1]], [[5] * len(tool)], [1.0], [True], [True], [sampled], [tool])
+    output = {
+        "prompt_ids": torch.ones(1, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(1, 1, dtype=torch.long),
+        "completion_ids": torch.ones(1, 2, dtype=torch.long),
+        "completion_mask": torch.ones(1, 2, dtype=torch.long),
+        "tool_mask": torch.ones(1, 2, dtype=torch.long),
+        "advantages": torch.zeros(1),
+        "num_items_in_batch": torch.tensor(2),
+        "sampling_per_token_logps": torch.full((1, 2), current),
+        "importance_sampling_ratio": torch.ones(1, 1),
+    }
+    merged = merge_rows(
+        output, rows, pad_id=0, multiple=None, steps_per_generation=1, gather=lambda t: t,
+        logps=lambda batch: torch.full(batch["completion_ids"].shape, current),
+        ref_logps=None, importance_sampling=("sequence_mask", None, 3.0),
+    )  # fmt: skip
+    mask = merged["completion_mask"][1] * merged["tool_mask"][1]  # TRL's mask for the ratio
+    diff = ((current - merged["sampling_per_token_logps"][1]) * mask).sum()
+    trl = torch.exp(diff)
+    assert merged["importance_sampling_ratio"][1].item() == pytest.approx(trl.item()) == 1.0

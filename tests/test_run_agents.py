@@ -108,6 +108,33 @@ def test_the_budget_check_measures_the_solutions_first_call(tool_model_dir):
         check_agent_budget(task, tokenizer, call - 1, 1)
 
 
+@pytest.mark.parametrize(
+    "feedback, message",
+    [
+        ("    def feedback(self):\n        return 'x'\n", "Env.feedback is a method"),
+        ("    @property\n    def feedback(self):\n        return 3\n",
+         "Env.feedback must be a string (a property or an attribute), got int"),
+    ],
+)  # fmt: skip
+def test_an_environment_feedback_erl_cannot_read_is_refused_as_the_python_api_refuses_it(
+    tmp_path, capsys, monkeypatch, feedback, message
+):
+    module = f"feedback_task_{len(feedback)}"  # one module per case: Python caches imports
+    (tmp_path / f"{module}.py").write_text(
+        "from curriculum.tasks.frozenlake_agent import FrozenLakeAgentTask, FrozenLakeEnv\n"
+        "class Env(FrozenLakeEnv):\n"
+        f"{feedback}"
+        "class FeedbackTask(FrozenLakeAgentTask):\n"
+        "    environment_class = Env\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    assert main(agent_args(out, "--task", f"{module}:FeedbackTask")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --task {module}:FeedbackTask: ")
+    assert message in err[0] and not out.exists()
+
+
 def test_the_recipe_caps_tool_rounds_at_the_tasks_largest_turn_limit():
     from pipeline.run.checks import check_agent_task
     from pipeline.run.config import choose_backend, parse_run_config
@@ -168,6 +195,34 @@ def test_the_agent_recipe_runs_is_killed_mid_stage_resumes_and_evaluates_episode
     assert result["task"] == "frozenlake_agent" and result["level"] == 2
     assert result["mean_reward"] == pytest.approx(state["stages"][1]["eval_reward"])
     assert all(isinstance(s["completion"], list) for s in result["samples"])
+
+
+@pytest.mark.slow
+def test_an_environment_that_owns_a_reward_trains_through_every_stage(
+    tmp_path, monkeypatch, capsys
+):
+    """TRL adds an environment's get_reward to the reward list it is given, in place: each
+    stage's trainer gets its own list, so stage 2 does not start with one function more
+    than its weights, and both stages log the environment's reward beside the task's."""
+    (tmp_path / "owned_reward.py").write_text(
+        "from curriculum.tasks.frozenlake_agent import FrozenLakeAgentTask, FrozenLakeEnv\n"
+        "class Env(FrozenLakeEnv):\n"
+        "    def get_reward(self) -> float:\n"
+        "        return 0.25\n"
+        "class OwnedRewardTask(FrozenLakeAgentTask):\n"
+        "    environment_class = Env\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    assert main(agent_args(out, "--task", "owned_reward:OwnedRewardTask")) == 0
+    said = capsys.readouterr().err
+    assert "Env.get_reward is a reward of its own: TRL trains on it at weight 1" in said
+    state = json.loads((out / "curriculum_state.json").read_text())
+    assert state["finished"] and [s["level"] for s in state["stages"]] == [1, 2]
+    for stage in (1, 2):
+        lines = (out / f"stage_{stage}" / "metrics.jsonl").read_text().splitlines()
+        logged = [json.loads(line) for line in lines if "loss" in json.loads(line)]
+        assert logged and all(m["rewards/Env/mean"] == 0.25 for m in logged)
 
 
 @pytest.mark.slow

@@ -150,6 +150,30 @@ def test_only_answered_calls_are_replayed():
     assert played.unanswered == 4 and played.calls == []
 
 
+def test_arguments_as_a_json_string_fail_as_trls_tool_loop_fails_them():
+    """Some parsers leave a call's arguments as the JSON text. TRL's loop then runs
+    `move(**text)`, which raises: the model reads the error and the agent does not move. The
+    replay (the reward, the feedback) and the evaluation's episodes run the call the same
+    way, so an episode whose every move was such a call is not solved."""
+    from pipeline.evaluate.episodes import _Episode
+
+    moves = [call("move", json.dumps({"direction": d})) for d in ("right", "right", "down", "down")]
+    messages = []
+    for move in moves:
+        messages.append({"role": "assistant", "content": "", "tool_calls": [move]})
+        messages.append({"role": "tool", "name": "move", "content": "whatever"})
+    messages.append({"role": "assistant", "content": "Done."})
+    evaluation = TASK.evaluate(hand_row(), messages)
+    assert not evaluation.solved and evaluation.breakdown["format"] == 0.0
+    _, played = TASK.play(hand_row(), messages)
+    try:  # what TRL's loop runs, and the error text it replies with
+        FrozenLakeEnv().move(**moves[0]["function"]["arguments"])
+    except TypeError as err:
+        trl_reply = str({"error": str(err)})
+    assert [c.reply for c in played.calls] == [trl_reply] * 4
+    assert _Episode(TASK, hand_row(), tokenizer=None)._run(moves[0]) == ("move", trl_reply)
+
+
 HOSTILE_CALLS = {
     "unknown tool": call("jump", {"direction": "up"}),
     "arguments a string": call("move", "up"),

@@ -323,9 +323,10 @@ def test_hostile_tool_calls_are_invalid_and_never_run(tmp_path):
         assert evaluation.feedback["format"].startswith("1 of 2 tool calls were invalid"), kind
         assert evaluation.reward == 0.0 and 0.0 <= evaluation.breakdown["milestones"] <= 1.0
     assert not pwned.exists()
-    # Arguments as JSON text, as some parsers leave them, are read as the object they are.
+    # Arguments as JSON text, as some parsers leave them, fail as TRL's tool loop fails them
+    # (`move(**text)` raises): the agent did not move.
     _, played = TASK.play(row, episode(call("move", '{"direction": "up"}')))
-    assert played.calls[0].valid
+    assert not played.calls[0].valid and "must be a mapping, not str" in played.calls[0].reply
 
 
 def test_unanswered_calls_are_not_replayed():

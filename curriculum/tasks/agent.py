@@ -22,9 +22,11 @@ deterministic given the row (draw any randomness from the row's `meta`).
 
 A call that was never answered (TRL stops at `max_tool_calling_iterations`, or drops a
 reply that would pass `max_completion_length`) is not replayed: the verdict is on what the
-model saw. A call to an unknown tool, with arguments that are not a mapping, or one that
-raises, is an *invalid call*: its reply is the error TRL would show, and `judge` may mark
-the format down for it. Model output is only ever passed to tools as arguments.
+model saw. Each call runs exactly as TRL's tool loop ran it (`run_tool_call`, which
+`pipeline.evaluate` plays episodes with too): a call to an unknown tool, with arguments
+that are not a mapping (a JSON string of one included, as TRL calls `tool(**arguments)`),
+or one that raises, is an *invalid call*: its reply is the error TRL showed, and `judge`
+may mark the format down for it. Model output is only ever passed to tools as arguments.
 
 A subclass sets `environment_class`, implements `solution` (the calls that solve a row,
 and the closing reply) and `judge`, plus the `Task` methods that draw rows
@@ -35,7 +37,6 @@ what the warm-up trains on. docs/agents.md writes one from scratch.
 from __future__ import annotations
 
 import inspect
-import json
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,7 +76,8 @@ class CallRecord:
     reply: str
     """The text the model read back (an error's text for an invalid call)."""
     valid: bool
-    """False for an unknown tool, arguments that are not a mapping, or a tool that raised."""
+    """False for an unknown tool, arguments that are not a mapping, or a tool that raised
+    (what TRL's tool loop counts as a tool failure)."""
 
 
 @dataclass
@@ -241,29 +243,37 @@ def _replies_after(messages: list[Message], k: int) -> int:
     return count
 
 
+def run_tool_call(tools: dict[str, Callable], call: Any) -> CallRecord:
+    """One tool call run exactly as TRL 1.15's tool loop runs it (`GRPOTrainer.
+    _tool_call_loop`): `tools[name](**arguments)`, and anything that raises (an unknown
+    tool, arguments that are not a mapping, even a JSON string of one, a tool's own error)
+    becomes the reply `{'error': '<text>'}` with TRL's text. Replay, evaluation and
+    training therefore agree on every call. A call TRL's parser could not have produced (not
+    a mapping) is an unsupported call, never an exception."""
+    if not isinstance(call, dict) or call.get("type") != "function":
+        kind = call.get("type") if isinstance(call, dict) else type(call).__name__
+        name = call.get("name", "unknown") if isinstance(call, dict) else "unknown"
+        name = name if isinstance(name, str) else repr(name)
+        return CallRecord(name, None, str({"error": f"Unsupported tool call type: {kind}"}), False)
+    function = call.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    label = name if isinstance(name, str) else repr(name)
+    try:
+        if name in tools:
+            result = tools[name](**function["arguments"])
+        else:
+            raise ValueError(f"Tool {name} not found.")
+    except Exception as err:  # the model's call, not our bug: it reads the error, as in TRL
+        return CallRecord(label, arguments, str({"error": str(err)}), False)
+    return CallRecord(label, arguments, str(result), True)
+
+
 def _run_call(tools: dict[str, Callable], call: Any, index: int) -> CallRecord:
-    """Run one call (the episode's `index`-th) with `tools` by name, as TRL's tool loop
-    does: an unknown tool or a raising one gives an error reply (`{'error': ...}`, TRL's
-    text) instead of an exception."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict):
-        return CallRecord("unknown", None, str({"error": "Unsupported tool call."}), False)
-    name, arguments = function.get("name"), function.get("arguments")
-    name = name if isinstance(name, str) else repr(name)
-    if isinstance(arguments, str):  # some parsers leave the JSON text as it was
-        try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-            pass
+    """Replay one call (the episode's `index`-th) as TRL ran it (`run_tool_call`); past
+    MAX_REPLAYED_CALLS calls none is run."""
     if index >= MAX_REPLAYED_CALLS:
+        name = "unknown"
         error = f"More than {MAX_REPLAYED_CALLS} calls; this one was not run."
-    elif name not in tools:
-        error = f"Tool {name} not found."
-    elif not isinstance(arguments, dict):
-        error = f"The arguments of {name} must be a JSON object."
-    else:
-        try:
-            return CallRecord(name, arguments, str(tools[name](**arguments)), True)
-        except Exception as err:  # a bad argument from the model: the reply says so
-            error = str(err)
-    return CallRecord(name, arguments, str({"error": error}), False)
+        return CallRecord(name, None, str({"error": error}), False)
+    return run_tool_call(tools, call)

@@ -257,13 +257,14 @@ def _sampling_logps(sampling, merged, rows: NewRows, current, before: int, multi
 
 def _importance_ratio(ratio, merged, current, before: int, importance_sampling, multiple):
     """GRPO's vLLM importance ratio ((B, T) per token or (B, 1) per sequence) with the new
-    rows' appended, by TRL's formula."""
+    rows' appended, by TRL's formula over the tokens the model generated: TRL's tool loop
+    records a sampling log-prob of 0.0 over a tool's result, which would otherwise count."""
     sampling = merged.get("sampling_per_token_logps")
     old = completion_layout(current, merged["prompt_mask"], merged["completion_ids"].size(1))
     ours = importance_sampling_ratio(
         old[before:],
         (sampling if sampling is not None else old)[before:],
-        merged["completion_mask"][before:],
+        loss_mask(merged)[before:],  # as TRL: tool results (sampling log-prob 0.0) count not
         *importance_sampling,
     )
     return cat_padded(ratio, ours.to(ratio.dtype), 1.0, "right", multiple)

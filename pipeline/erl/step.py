@@ -26,6 +26,7 @@ and no trainer (tests/test_erl_step.py). It imports neither trl nor transformers
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -162,6 +163,19 @@ def environment_feedback(environment: Any) -> str:
             f"attribute), got {type(feedback).__name__}"
         )
     return feedback
+
+
+def refuse_feedback_method(kind: type) -> None:
+    """ValueError when environment class `kind` has a `feedback` method: TRL offers every
+    public method of an environment to the model as a tool, so ERL reads an environment's
+    feedback from a property (or an attribute) only."""
+    if inspect.isfunction(inspect.getattr_static(kind, "feedback", None)):
+        raise ValueError(
+            f"{kind.__name__}.feedback is a method, which TRL offers to the model as a "
+            "tool (every public method of an environment is one); ERLTrainer reads an "
+            "environment's feedback from a property: make it @property, or pass "
+            "feedback_func="
+        )
 
 
 # The step -----------------------------------------------------------------------------

@@ -22,7 +22,6 @@ the base is Unsloth's generated GRPOTrainer (it rebinds `trl.GRPOTrainer`).
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import logging
 import os
@@ -65,6 +64,7 @@ from pipeline.erl.step import (  # noqa: E402
     ERLStep,
     RetryAdvantages,
     call_feedback,
+    refuse_feedback_method,
     retry_advantages,
 )
 from pipeline.erl.upstream import (  # noqa: E402
@@ -629,17 +629,9 @@ def _refuse_unsupported(model, args, feedback_func, memory, kwargs: dict) -> Non
 
 
 def _refuse_feedback_methods(pools: dict) -> None:
-    """An environment's feedback is read from a `feedback` property: a method of that name
-    would be offered to the model as a tool by TRL (every public method is one)."""
+    """An environment's feedback is read from a `feedback` property (`refuse_feedback_method`)."""
     for instances in pools.values():
-        kind = type(instances[0])
-        if inspect.isfunction(inspect.getattr_static(kind, "feedback", None)):
-            raise ValueError(
-                f"{kind.__name__}.feedback is a method, which TRL offers to the model as a "
-                "tool (every public method of an environment is one); ERLTrainer reads an "
-                "environment's feedback from a property: make it @property, or pass "
-                "feedback_func="
-            )
+        refuse_feedback_method(type(instances[0]))
 
 
 def _can_measure(device: torch.device) -> bool:

@@ -9,11 +9,15 @@ prompt). Then, turn by turn, for every episode still running: the conversation i
 rendered with the tools shown, as `GRPOTrainer` renders it (the chat template, or TRL's
 training variant when that one is not prefix-preserving); the model generates one turn;
 TRL's `parse_response` reads it, tool calls included; each call runs in the environment
-the way TRL's tool loop runs it (an unknown tool or one that raises answers
-`{'error': ...}`), and its reply is appended. An episode ends at a turn with no tool
+the way TRL's tool loop runs it (`run_tool_call`, the replay's own: an unknown tool,
+arguments that are not a mapping, or a tool that raises answer `{'error': ...}`), and its
+reply is appended. An episode ends at a turn with no tool
 call, after `max_turns` rounds of calls (TRL's `max_tool_calling_iterations`; the
 task's largest turn limit by default), or when its tokens after the prompt, tool replies
-included, reach `max_completion_length`, as in training.
+included, reach `max_completion_length`, as in training: a round of replies costs what
+TRL charges for it (`tool_suffix_length`, TRL's own rendering of the replies and the next
+generation prompt), and replies that would pass the budget or the model's positions are
+dropped.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from curriculum.tasks.agent import AgentTask, Message, environment_tools
+from curriculum.tasks.agent import AgentTask, Message, environment_tools, run_tool_call
 from curriculum.tasks.base import Row
 
 
@@ -55,7 +59,8 @@ def play_episodes(
     max_turns = task.max_turns() if max_turns is None else max_turns
     parser = _response_parser(tokenizer)
     template = grpo_chat_template(tokenizer)
-    episodes = [_Episode(task, row, tokenizer) for row in rows]
+    episodes = [_Episode(task, row, tokenizer, template) for row in rows]
+    max_len = getattr(model.config, "max_position_embeddings", None) or float("inf")
 
     device = next(model.parameters()).device
     was_training, padding_side = model.training, tokenizer.padding_side
@@ -83,9 +88,12 @@ def play_episodes(
                     )
                     for episode, prompt, ids in zip(batch, prompts, turns, strict=True):
                         run_calls = round_ < max_turns
+                        if round_ == 0:
+                            episode.prompt_tokens = len(prompt)
                         episode.add_turn(
-                            parser(ids, prompt), len(ids), max_completion_length, run_calls
-                        )
+                            parser(ids, prompt), len(ids), max_completion_length, run_calls,
+                            max_len,
+                        )  # fmt: skip
                         bar.update(int(episode.done))
     finally:
         bar.close()
@@ -97,16 +105,20 @@ def play_episodes(
 class _Episode:
     """One row's episode in progress: its environment, prompt, messages and token count."""
 
-    def __init__(self, task: AgentTask, row: Row, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, task: AgentTask, row: Row, tokenizer: Any, template: str | None = None):
+        self.tokenizer, self.template = tokenizer, template
         self.environment, self.prompt = task.start(row)
         self.tools = {tool.__name__: tool for tool in environment_tools(self.environment)}
         self.completion: list[Message] = []
         self.tokens = 0
         """Tokens after the prompt so far: the model's turns and the tools' replies."""
+        self.prompt_tokens = 0
+        """The rendered prompt's tokens (set at the first turn)."""
         self.done = False
 
-    def add_turn(self, message: Message, generated: int, budget: int, run_calls: bool) -> None:
+    def add_turn(
+        self, message: Message, generated: int, budget: int, run_calls: bool, max_len: int
+    ) -> None:
         """Append the model's turn and run its calls, unless it has none, the budget is spent
         or the rounds are (`run_calls` false): then the episode is over."""
         self.completion.append(message)
@@ -116,27 +128,43 @@ class _Episode:
             self.done = True
             return
         replies = [self._run(call) for call in calls]
-        # The replies count towards the budget; replies that would pass it are dropped and
-        # the episode ends, as TRL rolls them back (the calls did run).
-        cost = sum(len(self.tokenizer.encode(r, add_special_tokens=False)) for _, r in replies)
-        if self.tokens + cost > budget:
+        messages = [{"role": "tool", "name": n, "content": r} for n, r in replies]
+        # The replies cost what TRL charges: the whole rendered suffix (the tool turns and
+        # the next generation prompt). Replies that would pass the budget, or the model's
+        # positions, are dropped and the episode ends, as TRL rolls them back (the calls ran).
+        cost = tool_suffix_length(self.tokenizer, self.template, messages)
+        if self.tokens + cost > budget or self.prompt_tokens + self.tokens + cost >= max_len:
             self.done = True
             return
         self.tokens += cost
-        self.completion += [{"role": "tool", "name": n, "content": r} for n, r in replies]
+        self.completion += messages
 
     def _run(self, call: dict) -> tuple[str, str]:
-        """A call run as TRL 1.15's `_tool_call_loop` runs it."""
-        function = call.get("function", {})
-        name = function.get("name", "unknown")
-        try:
-            if call.get("type") != "function":
-                raise ValueError(f"Unsupported tool call type: {call.get('type')}")
-            if name not in self.tools:
-                raise ValueError(f"Tool {name} not found.")
-            return name, str(self.tools[name](**function["arguments"]))
-        except Exception as err:  # the model's call, not our bug: it reads the error
-            return name, str({"error": str(err)})
+        """A call run as TRL 1.15's tool loop runs it (the replay's own function)."""
+        record = run_tool_call(self.tools, call)
+        return record.name, record.reply
+
+
+def tool_suffix_length(tokenizer: Any, template: str | None, tool_messages: list[Message]) -> int:
+    """The tokens TRL 1.15 adds after an assistant turn for its tool replies: TRL's own
+    `GRPOTrainer._get_tool_suffix_ids` (the replies rendered with the generation prompt
+    that follows, cut at the end of the assistant turn), called on this tokenizer and
+    template."""
+    from types import SimpleNamespace
+
+    from pipeline.models.backend import activate_backend
+
+    activate_backend()  # before trl
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    owner = SimpleNamespace(  # what the method reads of its trainer
+        processing_class=tokenizer,
+        _tokenizer=tokenizer,
+        chat_template=template,
+        chat_template_kwargs={},
+        _is_vlm=False,
+    )
+    return len(GRPOTrainer._get_tool_suffix_ids(owner, tool_messages))
 
 
 def _generate_turns(

@@ -27,6 +27,7 @@ from pipeline.options import (
     check_output_path,
     check_signal_weights,
     check_task,
+    notice,
     usage_errors,
 )
 from pipeline.run.checkpoints import check_output_dir
@@ -93,6 +94,7 @@ def check_agent_task(task: Task, methods: tuple[str, ...], run, args) -> None:
     from transformers.utils import get_json_schema
 
     environment = task.make_environment()
+    _check_environment_feedback(task, environment)  # a feedback method is no tool to describe
     tools = environment_tools(environment)
     if not tools:
         raise UsageError(
@@ -111,6 +113,13 @@ def check_agent_task(task: Task, methods: tuple[str, ...], run, args) -> None:
                 "give it type hints and a Google-style docstring with an Args: section, or "
                 "make it private (a leading _) if it is not a tool (docs/agents.md)",
             ) from err
+    if callable(getattr(type(environment), "get_reward", None)):
+        signals = ", ".join(f"{k} {v:g}" for k, v in run.reward_signals.items())
+        notice(
+            f"--task {task.name}: {type(environment).__name__}.get_reward is a reward of its own: "
+            f"TRL trains on it at weight 1 beside the task's signals ({signals}); each "
+            "stage's evaluation scores the task's signals alone"
+        )
     if args.max_tool_calling_iterations is None:
         args.max_tool_calling_iterations = task.max_turns()
     elif args.max_tool_calling_iterations < 1:
@@ -119,6 +128,21 @@ def check_agent_task(task: Task, methods: tuple[str, ...], run, args) -> None:
             args.max_tool_calling_iterations,
             f"leave it unset for the task's largest turn limit ({task.max_turns()})",
         )
+
+
+def _check_environment_feedback(task: Task, environment) -> None:
+    """A `feedback` on the environment as ERLTrainer takes one through the Python API: not a
+    method (TRL would offer it to the model as a tool), and, read on one reset environment,
+    a string or None. The run itself scores feedback with the task's judge."""
+    from pipeline.erl.step import environment_feedback, refuse_feedback_method
+
+    try:
+        refuse_feedback_method(type(environment))
+        if hasattr(type(environment), "feedback") or "feedback" in vars(environment):
+            environment.reset(**task.generate(task.levels[0], 1, seed=0)[0])
+            environment_feedback(environment)
+    except ValueError as err:
+        raise UsageError(f"--task {task_path(task)}: {err}") from err
 
 
 def check_agent_budget(task: Task, tokenizer, max_completion_length: int, level: int) -> None:

@@ -122,7 +122,9 @@ def build_trainer(
     TRL's SDPOTrainer takes none (`pipeline.run.checks` refuses the pair first)."""
     common = dict(
         model=model,
-        reward_funcs=rewards.funcs,
+        # Each stage's own list: TRL appends an environment's get_reward to it in place, and
+        # the next stage's trainer would then get one function more than its weights.
+        reward_funcs=list(rewards.funcs),
         train_dataset=train_dataset,
         processing_class=tokenizer,
     )
