@@ -180,6 +180,35 @@ def test_one_reflection_per_group_stores_each_group_its_own_lesson():
     ]
 
 
+def test_a_thinking_models_reasoning_stays_out_of_the_lesson_and_the_memory():
+    """A reflection that thinks first (`<think>...</think>` then the lesson, or a trace the
+    template opened in the prompt and the model closed): the retry and the memory get the
+    lesson alone; the reflection row still trains on every token it generated."""
+    questions = ["What is 2+2?", "What is 2+2?", "What is 4+4?", "What is 4+4?"]
+    backend = Backend(solvable={"What is 2+2?"})
+    generate = backend.generate
+    thoughts = iter(["<think>2 and 2, so it said</think> Add them.", "hmm, 4 and 4</think> Sum."])
+
+    def thinking(prompts, max_new_tokens):
+        if not content(prompts[0]).startswith("You tried"):
+            return generate(prompts, max_new_tokens)
+        backend.generated.append((list(prompts), max_new_tokens))
+        texts = [next(thoughts) for _ in prompts]
+        return Generated([ids(content(p)) for p in prompts], [ids(t) for t in texts], texts,
+                         [None] * len(texts))  # fmt: skip
+
+    backend.generate = thinking
+    memory = ReflectionMemory(10)
+    result = ERLStep(settings(reflections_per_group=1), memory)(
+        backend, first_attempts(questions, torch.zeros(4)), step=1
+    )
+    (_, _), (retries, _) = backend.generated
+    lessons = [content(p).split("Advice from a previous attempt: ")[1] for p in retries]
+    assert lessons == ["Add them.", "Add them.", "Sum.", "Sum."]
+    assert [e.reflection for e in memory] == ["Add them."]
+    assert ids("<think>2 and 2, so it said</think> Add them.") in result.rows.completion_ids
+
+
 def test_without_reflection_each_failed_attempt_retries_with_its_own_feedback():
     """enable_reflection=False (the raw-feedback baseline): no reflection is generated or
     trained, reflections_per_group is not read, every gated attempt's retry reads its own

@@ -71,6 +71,23 @@ def prompt_key(prompt: Any) -> str:
     return json.dumps(prompt, sort_keys=True, default=str)
 
 
+def lesson_text(reflection: str) -> str:
+    """The lesson a reflection gives, without its reasoning: the text after the last
+    `</think>` (a thinking model's template may open the block in the generation prompt),
+    else the text before an unclosed `<think>`, stripped. A thinking model's whole trace
+    would otherwise go into every retry's prompt and into the memory; TRL's
+    `parse_response` separates `reasoning_content` from `content` the same way.
+
+    >>> lesson_text("<think>It said 7, so...</think> Add the tens first.")
+    'Add the tens first.'
+    """
+    if "</think>" in reflection:
+        reflection = reflection.rsplit("</think>", 1)[1]
+    elif "<think>" in reflection:
+        reflection = reflection.split("<think>", 1)[0]
+    return reflection.strip()
+
+
 def memory_text(lessons: Sequence[str]) -> str:
     """The `{memory}` value for retrieved `lessons`: one "- lesson" line each."""
     return "\n".join(f"- {lesson}" for lesson in lessons) if lessons else NO_MEMORY

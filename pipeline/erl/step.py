@@ -48,6 +48,7 @@ from pipeline.erl.memory import MemoryEntry, ReflectionMemory
 from pipeline.erl.prompts import (
     attempt_text,
     lesson_in_system,
+    lesson_text,
     memory_text,
     prompt_key,
     prompt_text,
@@ -273,7 +274,7 @@ class ERLStep:
         if self.settings.enable_reflection:
             shown = self._shown_per_row(processes, plan.reflecting, step)
             reflections, cut = self._reflect(backend, first, plan.reflecting, feedback, shown)
-            lessons = [text.strip() for text in reflections.texts]
+            lessons = [lesson_text(text) for text in reflections.texts]
         else:  # the raw-feedback baseline: each retry reads its own attempt's feedback
             lessons = feedback
         per_retry = self._lessons_per_retry(processes, plan, lessons)
