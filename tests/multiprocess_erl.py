@@ -74,9 +74,15 @@ class KeyedSamplingERLTrainer(ERLTrainer):
         return completions, None
 
 
-def train(model_dir: str, out: Path, batch_size: int, gate: str) -> None:
+def train(
+    model_dir: str, out: Path, batch_size: int, gate: str, loss_type: str | None = None
+) -> None:
+    """Two steps of `gate`'s setting at `loss_type` (None: ERLConfig's default), saved under
+    `out / gate` (`out / loss_type / gate` when a loss type is given)."""
     rows = get_task("arithmetic").generate(1, 16, seed=0)
+    out = out / loss_type if loss_type else out
     args = ERLConfig(
+        **({"loss_type": loss_type} if loss_type else {}),
         output_dir=str(out / gate / "trainer"),
         per_device_train_batch_size=batch_size,
         num_generations=4,
@@ -105,6 +111,13 @@ def train(model_dir: str, out: Path, batch_size: int, gate: str) -> None:
 
 
 if __name__ == "__main__":
+    # MODEL OUT BATCH [LOSS_TYPE,... GATE,...]: every gate at the default loss type, or the
+    # gates given at each loss type given.
     model_dir, out, batch = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    for gate in GATES:
-        train(model_dir, out, batch, gate)
+    if len(sys.argv) > 4:
+        for loss_type in sys.argv[4].split(","):
+            for gate in sys.argv[5].split(","):
+                train(model_dir, out, batch, gate, loss_type)
+    else:
+        for gate in GATES:
+            train(model_dir, out, batch, gate)

@@ -128,6 +128,31 @@ def test_two_processes_train_erl_like_one_with_twice_the_batch(tiny_model_dir, t
             assert all(0 < g < 1 for g in gated)
 
 
+@pytest.mark.slow  # ~60 s: two processes importing trl, then one process for the reference
+def test_two_processes_weigh_real_rows_as_one_under_row_mean_losses(tiny_model_dir, tmp_path):
+    """grpo and dr_grpo divide by the chunk's rows, which under several processes include
+    the inert filler rows each process keeps (a process that gated fewer rows keeps more).
+    With some rows gated, 2 processes at batch 6 train the parameters 1 process at batch 12
+    trains, as the default loss does in the test above."""
+    from multiprocess_erl import train
+
+    out = tmp_path / "out"
+    losses = ("grpo", "dr_grpo")
+    run_two("tests/multiprocess_erl.py", tiny_model_dir, str(out / "two"), "6",
+            ",".join(losses), "some", log=tmp_path / "log")  # fmt: skip
+    for loss_type in losses:
+        train(tiny_model_dir, out / "one", 12, "some", loss_type)
+        one = torch.load(out / "one" / loss_type / "some" / "rank0.pt")
+        two = torch.load(out / "two" / loss_type / "some" / "rank0.pt")
+        assert two["world_size"] == 2, "accelerate did not start 2 processes"
+        gated = [m["erl/gated_fraction"] for m in one["metrics"]]
+        assert all(0 < g < 1 for g in gated), gated  # some rows gated: filler rows differ
+        for name, value in one["params"].items():
+            torch.testing.assert_close(
+                two["params"][name], value, rtol=0, atol=1e-3, msg=f"{loss_type}: {name}"
+            )
+
+
 # configs/tiny.yaml, shortened (as in tests/test_run.py) and run by 2 processes. The
 # threshold promotes a stage whose first attempts all score the fallback reward (-0.5),
 # which is what a 10-step warm-up gives the tiny model: the test is about the processes

@@ -19,6 +19,7 @@ import torch
 
 from pipeline.erl.budget import StepBudget
 from pipeline.erl.micro_batches import (
+    ROW_MEAN_LOSSES,
     PartWeights,
     collapse_metrics,
     completion_share,
@@ -66,6 +67,7 @@ def merged_chunk_loss(
     # the same number of rows through the loss, whose metric gathers are collective.
     if not inert.all() and accelerator.num_processes == 1:
         inputs = select_rows(inputs, ~inert)  # an all-inert chunk has a zero loss as it is
+    scale = _inert_rows_scale(trainer, inert)
     pad_id = trainer._tokenizer.pad_token_id
     unsloth = unsloth_trainer_active()  # Unsloth's trainer packs a forward's rows
     plan = _plan(accelerator, inputs, pad_id, budget.loss_tokens(), unsloth, inert.device)
@@ -74,12 +76,14 @@ def merged_chunk_loss(
             budget.chunk(accelerator.gather),
             budget.loss_forward(*_size(inputs, pad_id, unsloth)),
         ):
-            return base_loss(model, inputs, return_outputs, num_items_in_batch)
+            loss = base_loss(model, inputs, return_outputs, num_items_in_batch)
+        return loss if scale == 1.0 else loss * scale
 
     token_mask = loss_token_mask(
         inputs, pad_id, unsloth=unsloth, mask_truncated=bool(trainer.mask_truncated_completions)
     )
     weights = part_weights(trainer.args.loss_type, plan, inputs, token_mask)
+    weights = [replace(w, policy=w.policy * scale) for w in weights]
     parts = [
         micro_batch(inputs, rows, pad_id, unsloth, trainer.pad_to_multiple_of) for rows in plan
     ]
@@ -112,6 +116,22 @@ def merged_chunk_loss(
         accelerator.sync_gradients = sync
     _chunk_metrics(trainer, metrics, before, weights, counts, sync and mode == "train")
     return loss + done
+
+
+def _inert_rows_scale(trainer, inert: torch.Tensor) -> float:
+    """The factor on the policy loss that gives each real row, under several processes, the
+    weight one process gives it. TRL's row-mean losses (grpo, sapo, dr_grpo, luspo) divide
+    by the chunk's row count, which there includes the inert rows each process keeps, and
+    DDP then averages the processes: a process that gated few rows would weigh its rows
+    less. Scaled by the chunk's rows x processes / the real rows of every process, the
+    average is the one-process mean over the real rows. One process drops its inert rows;
+    the token-normalised losses do not count rows: 1."""
+    accelerator = trainer.accelerator
+    if accelerator.num_processes == 1 or trainer.args.loss_type not in ROW_MEAN_LOSSES:
+        return 1.0
+    real = accelerator.gather(torch.tensor([float((~inert).sum())], device=inert.device))
+    real = real.sum().item()
+    return inert.numel() * accelerator.num_processes / real if real else 1.0
 
 
 def _plan(accelerator, inputs, pad_id: int, tokens: int, packed: bool, device):
