@@ -11,7 +11,7 @@ every reader and writer takes its paths from `RunLayout`:
         metrics.jsonl                     one JSON object per logged step
         reward_curve.png                  the stage's r1 and r2
         checkpoints/checkpoint-<n>/       trainer checkpoints while the stage runs
-            erl_tally.json                ERL's counts so far, for a resume's stage line
+            erl_state.json                ERL's counts and budget so far, for a resume
             curriculum_controller.json    written last: marks the checkpoint complete
     <output_dir>/warmup/                  the policy after the SFT warm-up
     <output_dir>/final/                   the final model or adapter + tokenizer
@@ -22,8 +22,8 @@ every reader and writer takes its paths from `RunLayout`:
     <output_dir>/tensorboard/<stage_k|warmup>/   with report_to: tensorboard
 
 `erl_memory.json` is the reflection memory's own file (`pipeline.erl.memory`), which
-ERLTrainer also writes into every trainer checkpoint beside `erl_tally.json` (its step's
-counts, `pipeline.erl.trainer`), and so is `base_quantization.json`
+ERLTrainer also writes into every trainer checkpoint beside `erl_state.json` (its step's
+counts and budget, `pipeline.erl.trainer`), and so is `base_quantization.json`
 beside an adapter trained on a 4-bit base (`pipeline.models.quantization`);
 `generations.jsonl` is `rewards.GenerationsLog`'s.
 """

@@ -1,6 +1,8 @@
 """Faults a user can cause or suffer (issue 50) end in one line and a run that resumes:
 Ctrl-C in the warm-up and in a stage (exit 130, the command that resumes), a damaged state
-file (exit 1, the file named and left as it was), a read-only output folder (exit 1).
+file (exit 1, the file named and left as it was), a read-only output folder (exit 1), a
+disk that fills during a save (exit 1). Each interrupted run, resumed, ends with the
+figures and stage lines of the same run uninterrupted.
 Each runs `python -m pipeline.run` in a fresh process, as a user would."""
 
 from __future__ import annotations
@@ -64,6 +66,39 @@ def tmpfs(folder: Path, options: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
+# The interrupted runs below all run these, so that each ends as one uninterrupted run does.
+LONG = ("--warmup_sft_steps", "400", "--save_steps", "1")
+
+
+def figures(folder: Path) -> list[tuple]:
+    """What a run ended with, stage by stage."""
+    stages = json.loads((folder / "curriculum_state.json").read_text())["stages"]
+    keys = ("level", "status", "steps", "r1_mean", "r2_mean", "eval_reward")
+    return [tuple(stage[k] for k in keys) for stage in stages]
+
+
+def stage_lines(printed: str) -> list[str]:
+    return [line for line in printed.splitlines() if "] reflections: " in line]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, tmp_path_factory) -> tuple[list[tuple], list[str]]:
+    """The figures and stage lines of the run the interrupted ones must end as."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    code, printed = finish(start(tiny_model_dir, out, *LONG))
+    assert code == 0, printed[-3000:]
+    return figures(out), stage_lines(printed)
+
+
+def ends_as_uninterrupted(out: Path, printed: str, uninterrupted) -> None:
+    """`out` ended with the uninterrupted run's figures; its stage lines (`printed`: every
+    process's output) count whole stages, and no resume warned of a missing tied weight."""
+    assert figures(out) == uninterrupted[0]
+    lines = stage_lines(printed)
+    assert lines and lines == uninterrupted[1][-len(lines) :]
+    assert "missing keys" not in printed
+
+
 def resume_as_printed(line: str, out: Path) -> dict:
     """Run the command an interrupt printed, as written; it finishes the run. Returns the
     state file, and what the resume printed under "printed"."""
@@ -79,11 +114,14 @@ def resume_as_printed(line: str, out: Path) -> dict:
     return state | {"printed": done.stdout + done.stderr}
 
 
-@pytest.mark.slow  # two processes: interrupted in stage 1, then resumed (~60 s)
-def test_ctrl_c_in_a_stage_prints_the_resume_command_and_the_run_resumes(tiny_model_dir, tmp_path):
+@pytest.mark.slow  # two processes: interrupted in stage 1, then resumed (~90 s)
+@pytest.mark.xdist_group("uninterrupted")
+def test_ctrl_c_in_a_stage_prints_the_resume_command_and_the_run_resumes(
+    tiny_model_dir, tmp_path, uninterrupted
+):
     out = tmp_path / "run"
-    process = start(tiny_model_dir, out, "--save_steps", "1")
-    checkpoint = out / "stage_1" / "checkpoints" / "checkpoint-1"
+    process = start(tiny_model_dir, out, *LONG)
+    checkpoint = out / "stage_1" / "checkpoints" / "checkpoint-2"
     wait_for((checkpoint / "curriculum_controller.json").exists, process)  # complete
     process.send_signal(signal.SIGINT)
     code, printed = finish(process)
@@ -105,45 +143,17 @@ def test_ctrl_c_in_a_stage_prints_the_resume_command_and_the_run_resumes(tiny_mo
     resumed = resume_as_printed(line, out)
     assert len(resumed["stages"]) == 2
     assert f"resuming {out} from {complete[-1]}" in resumed["printed"], resumed["printed"][-2000:]
+    # The stage the interrupt cut counts what it wrote before too.
+    ends_as_uninterrupted(out, printed + resumed["printed"], uninterrupted)
 
 
-@pytest.mark.slow  # one run uninterrupted, one interrupted in stage 1 and resumed (~90 s)
-def test_a_resumed_stage_ends_with_the_uninterrupted_runs_figures(tiny_model_dir, tmp_path):
-    """Interrupted at a checkpoint and resumed, the run ends as the uninterrupted one does:
-    the same stages, steps, rewards and evaluations, the stage lines counting the whole
-    stage's reflections, and no missing-key warning for the tied lm_head."""
-    whole = tmp_path / "whole"
-    code, uninterrupted = finish(start(tiny_model_dir, whole, "--save_steps", "1"))
-    assert code == 0, uninterrupted[-3000:]
-    out = tmp_path / "run"
-    process = start(tiny_model_dir, out, "--save_steps", "1")
-    checkpoint = out / "stage_1" / "checkpoints" / "checkpoint-2" / "curriculum_controller.json"
-    wait_for(checkpoint.exists, process)
-    process.send_signal(signal.SIGINT)
-    code, printed = finish(process)
-    resumed = resume_as_printed(one_line(printed, "interrupted: "), out)
-
-    def figures(folder: Path) -> list[tuple]:
-        stages = json.loads((folder / "curriculum_state.json").read_text())["stages"]
-        keys = ("level", "status", "steps", "r1_mean", "r2_mean", "eval_reward")
-        return [tuple(stage[k] for k in keys) for stage in stages]
-
-    def stage_lines(text: str) -> list[str]:
-        return [line for line in text.splitlines() if "] reflections: " in line]
-
-    assert figures(out) == figures(whole)
-    # The stage the kill cut counts what it wrote before the kill too.
-    cut = stage_lines(printed + resumed["printed"])
-    assert cut and cut == stage_lines(uninterrupted)[: len(cut)]
-    assert "missing keys" not in resumed["printed"]
-
-
-@pytest.mark.slow  # interrupted in the warm-up, then resumed (~60 s)
+@pytest.mark.slow  # interrupted in the warm-up, then resumed (~90 s)
+@pytest.mark.xdist_group("uninterrupted")
 def test_ctrl_c_in_the_warm_up_prints_the_resume_command_and_the_run_resumes(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, uninterrupted
 ):
     out = tmp_path / "run"
-    process = start(tiny_model_dir, out, "--warmup_sft_steps", "400")
+    process = start(tiny_model_dir, out, *LONG)
     wait_for((out / "curriculum_state.json").exists, process)
     time.sleep(3)  # into the warm-up's steps
     process.send_signal(signal.SIGINT)
@@ -152,6 +162,7 @@ def test_ctrl_c_in_the_warm_up_prints_the_resume_command_and_the_run_resumes(
     assert code == 130 and not (out / "warmup").exists()  # the warm-up never finished
     state = resume_as_printed(line, out)
     assert (out / "warmup").is_dir() and state["stages"]
+    ends_as_uninterrupted(out, state["printed"], uninterrupted)
 
 
 @pytest.mark.slow  # two processes (~40 s)
@@ -177,16 +188,17 @@ def test_a_read_only_output_folder_is_one_line(tiny_model_dir, tmp_path):
             assert code == 1 and "Read-only file system" in line and str(folder) in line, line
 
 
-@pytest.mark.slow  # two processes on a small tmpfs (~60 s)
+@pytest.mark.slow  # two processes on a small tmpfs (~90 s)
+@pytest.mark.xdist_group("uninterrupted")
 def test_a_disk_that_fills_during_a_save_stops_in_one_line_and_the_run_resumes(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, uninterrupted
 ):
     """The disk fills right after stage 1's first checkpoint: the next save fails, the run
     stops in one line (exit 1), the complete checkpoint and the state file are intact, and
     once space is freed the command the line names finishes the run."""
     with tmpfs(tmp_path / "disk", "size=48m") as disk:
         out = disk / "run"
-        process = start(tiny_model_dir, out, "--save_steps", "1")
+        process = start(tiny_model_dir, out, *LONG)
         complete = out / "stage_1" / "checkpoints" / "checkpoint-1"
         wait_for((complete / "curriculum_controller.json").exists, process)
         filler = disk / "filler"
@@ -208,6 +220,7 @@ def test_a_disk_that_fills_during_a_save_stops_in_one_line_and_the_run_resumes(
         )  # fmt: skip
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         assert json.loads((out / "curriculum_state.json").read_text())["finished"]
+        ends_as_uninterrupted(out, printed + done.stdout + done.stderr, uninterrupted)
 
 
 def test_a_cut_checkpoint_is_passed_over_by_every_command_that_loads_one(tmp_path, capsys):

@@ -330,6 +330,26 @@ class StepBudget:
         self._generate: list[tuple[float, float]] = []  # (estimated, measured bytes)
         self._pooled: list[tuple[float, ...]] = []  # every process's (tokens, bytes, share)
 
+    def state_dict(self) -> dict:
+        """What the budget has measured, for a checkpoint: a resumed run plans its generate
+        calls and loss micro-batches as the uninterrupted run does (its calls, split
+        otherwise, would sample other reflections and retries)."""
+        return {
+            "chunks_left": self._chunks_left,
+            "held": self.held,
+            "generate_ratio": self._generate_ratio,
+            "generate_scale": self.generate_scale,
+            "pooled": [list(sample) for sample in self._pooled],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._chunks_left = int(state["chunks_left"])
+        self.held = float(state["held"])
+        self._generate_ratio = float(state["generate_ratio"])
+        self.generate_scale = float(state["generate_scale"])
+        self._pooled = [tuple(sample) for sample in state["pooled"]]
+        self.cost = LossCost.fit(self._pooled, grows=self.packed) if self._pooled else None
+
     @property
     def calibrating(self) -> bool:
         """Whether loss forwards and generate calls are still being measured."""

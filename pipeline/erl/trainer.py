@@ -86,8 +86,9 @@ from pipeline.models.quantization import (  # noqa: E402
 FeedbackFunc = Callable[..., list[str]]
 logger = logging.getLogger(__name__)
 
-TALLY_FILE = "erl_tally.json"
-"""The ERL step's counts in a checkpoint (reflections written, the memory's outcomes)."""
+STATE_FILE = "erl_state.json"
+"""In a checkpoint, what a resumed ERL step continues from besides the memory: its counts
+(reflections written, the memory's outcomes) and what its memory budget measured."""
 
 # Unsloth options that add batch keys (sample weights, rollout log-probs as old) that ERL's
 # rows would have to carry; refused up front rather than at the first gated batch.
@@ -278,17 +279,21 @@ class ERLTrainer(GRPOTrainer):
         if self.args.should_save:
             folder = Path(output_dir or self.args.output_dir)
             self.memory.save(folder)
-            # The step's counts so far, so that a resumed stage counts the whole stage.
-            atomic_write_json(folder / TALLY_FILE, dict(self.erl_step.tally))
+            # The step's counts so far (a resumed stage counts the whole stage) and the
+            # budget's measurements (a resumed run splits its generate calls as before).
+            state = {"tally": dict(self.erl_step.tally), "budget": self.budget.state_dict()}
+            atomic_write_json(folder / STATE_FILE, state)
             record_base_quantization(self.model, folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
             self.memory.load(checkpoint)
-            tally = Path(checkpoint) / TALLY_FILE
-            if tally.exists():
-                self.erl_step.tally = Counter(json.loads(tally.read_text()))
+            saved = Path(checkpoint) / STATE_FILE
+            if saved.exists():
+                state = json.loads(saved.read_text())
+                self.erl_step.tally = Counter(state["tally"])
+                self.budget.load_state_dict(state["budget"])
 
     # Generation and scoring ------------------------------------------------------------
 
