@@ -70,8 +70,9 @@ def code_version() -> str:
     return hashlib.sha1(" ".join(trees).encode()).hexdigest()[:12]
 
 
-def measure(recipe: str, overrides: list[str], setting: str, shared: bool) -> float:
-    """Wall seconds of one whole run of `recipe` at `setting` threads."""
+def measure(recipe: str, overrides: list[str], setting: str, shared: bool) -> tuple[float, str]:
+    """Wall seconds of one whole run of `recipe` at `setting` threads, and the line in which
+    the run said how many threads it took."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     if setting != "default":
         env["OMP_NUM_THREADS"] = setting
@@ -97,7 +98,8 @@ def measure(recipe: str, overrides: list[str], setting: str, shared: bool) -> fl
             neighbour.wait()
     if done.returncode != 0:
         raise SystemExit(f"{recipe} at {setting} threads failed:\n{done.stderr[-3000:]}")
-    return seconds
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("CPU: ")]
+    return seconds, said[0] if said else "(no thread line)"
 
 
 def main() -> None:
@@ -127,14 +129,15 @@ def main() -> None:
                 key = json.dumps([name, recipe, overrides, setting, condition, version])
                 path = CACHE / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
                 if path.exists() and not a.fresh:
-                    value = json.loads(path.read_text())["seconds"]
+                    stored = json.loads(path.read_text())
+                    value, said = stored["seconds"], stored.get("said", "")
                 else:
-                    value = measure(recipe, overrides, setting, condition == "shared")
+                    value, said = measure(recipe, overrides, setting, condition == "shared")
                     tmp = path.with_suffix(".tmp")
-                    tmp.write_text(json.dumps({"key": key, "seconds": value}))
+                    tmp.write_text(json.dumps({"key": key, "seconds": value, "said": said}))
                     tmp.replace(path)
                 seconds[name, condition, setting] = value
-                print(f"{name} {condition} threads={setting}: {value:.1f} s", flush=True)
+                print(f"{name} {condition} threads={setting}: {value:.1f} s  {said}", flush=True)
     print(f"code_version: {version}  cpus: {os.cpu_count()}")
     for name in recipes:
         for condition in conditions:
