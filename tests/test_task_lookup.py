@@ -273,7 +273,8 @@ def test_hostile_tool_calls_never_raise_and_count_as_invalid_or_not_found(task, 
         "hostile name": (call("lookup", {"name": hostile}), True, True),
         "name 1 MB": (call("lookup", {"name": "A" * 1_000_000}), True, True),
         "surrogates": (call("lookup", {"name": "\udcff\x00" * 20}), True, True),
-        "JSON text arguments": (call("lookup", json.dumps({"name": hostile})), True, True),
+        # JSON text fails as TRL's tool loop fails it (`lookup(**text)` raises).
+        "JSON text arguments": (call("lookup", json.dumps({"name": hostile})), False, False),
     }
     for kind, (tool_call, valid, not_found) in cases.items():
         start = time.perf_counter()
