@@ -78,18 +78,21 @@ def train(
     model_dir: str, out: Path, batch_size: int, gate: str, loss_type: str | None = None
 ) -> None:
     """Two steps of `gate`'s setting at `loss_type` (None: ERLConfig's default), saved under
-    `out / gate` (`out / loss_type / gate` when a loss type is given)."""
+    `out / gate` (`out / loss_type / gate` when a loss type is given). With a loss type the
+    optimizer is plain SGD without gradient clipping, under which a loss scaled by a
+    constant moves the parameters by that much more (Adam and clipping would hide it)."""
     rows = get_task("arithmetic").generate(1, 16, seed=0)
     out = out / loss_type if loss_type else out
+    sgd = {"loss_type": loss_type, "optim": "sgd", "max_grad_norm": 0.0, "learning_rate": 0.5}
     args = ERLConfig(
-        **({"loss_type": loss_type} if loss_type else {}),
+        # Large rates, so that every step moves the parameters visibly.
+        **(sgd if loss_type else {"learning_rate": 1e-2}),
         output_dir=str(out / gate / "trainer"),
         per_device_train_batch_size=batch_size,
         num_generations=4,
         max_completion_length=8,
         reflection_max_completion_length=8,
         max_steps=STEPS,
-        learning_rate=1e-2,  # large, so that every step moves the parameters visibly
         reward_threshold=GATES[gate],
         bf16=False,
         use_cpu=True,

@@ -122,10 +122,12 @@ def _inert_rows_scale(trainer, inert: torch.Tensor) -> float:
     """The factor on the policy loss that gives each real row, under several processes, the
     weight one process gives it. TRL's row-mean losses (grpo, sapo, dr_grpo, luspo) divide
     by the chunk's row count, which there includes the inert rows each process keeps, and
-    DDP then averages the processes: a process that gated few rows would weigh its rows
-    less. Scaled by the chunk's rows x processes / the real rows of every process, the
-    average is the one-process mean over the real rows. One process drops its inert rows;
-    the token-normalised losses do not count rows: 1."""
+    DDP then averages the processes: every real row weighed 1/(rows, inert included), a
+    scale that differs from chunk to chunk and from one process (Adam mostly undoes it;
+    SGD, a binding gradient clip and several chunks a step do not). Scaled by the chunk's
+    rows x processes / the real rows of every process, the average is the one-process mean
+    over the real rows. One process drops its inert rows; the token-normalised losses do
+    not count rows: 1."""
     accelerator = trainer.accelerator
     if accelerator.num_processes == 1 or trainer.args.loss_type not in ROW_MEAN_LOSSES:
         return 1.0
