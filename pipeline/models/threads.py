@@ -5,10 +5,9 @@
 `--threads N` wins, then `OMP_NUM_THREADS`; otherwise the count is measured: torch's own
 default (the physical cores this process may use) less the cores other processes keep
 busy right now, and at least one. Measured by `bench/threads.py` (docs/results.md): alone
-on a 2-core machine the demo recipe ran fastest on both cores, but beside one other
-CPU-bound job two threads wait on each other's core and the agent recipe ran about four
-times slower than on one thread. torch's default cannot tell the two apart; a look at
-the machine can.
+on a 2-core machine every recipe ran fastest on both cores, but beside one other CPU-bound
+job two threads wait on each other's core and the recipes ran 1.8-2.5 times slower than on
+one thread. torch's default cannot tell the two apart; a look at the machine can.
 
 The look is Linux's `/proc/stat`, over a quarter of a second, on the CPUs this process
 may run on; where there is no such file (macOS, Windows) the count is torch's default.
@@ -46,12 +45,12 @@ def use_cpu_threads(requested: int | None, *, default: int | None = None) -> str
     elif default is not None:
         threads, why = default, "the command's default; --threads N to change"
     else:
-        busy = busy_cpus()
+        busy, allowed = busy_cpus(), len(_allowed_cpus())
         if busy is None:
             threads, why = cores, "torch's default; --threads N to change"
         else:
-            threads = max(1, min(cores, round(len(_allowed_cpus()) - busy)))
-            why = f"{busy:.1f} of {len(_allowed_cpus())} CPUs busy with other work; --threads N to change"
+            threads = max(1, min(cores, round(allowed - busy)))
+            why = f"{busy:.1f} of {allowed} CPUs busy with other work; --threads N to change"
     torch.set_num_threads(threads)
     _chosen = threads
     return f"CPU: {threads} torch thread{'s' if threads > 1 else ''} ({why})"

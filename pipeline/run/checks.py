@@ -138,7 +138,10 @@ def _check_environment_feedback(task: Task, environment) -> None:
 
     try:
         refuse_feedback_method(type(environment))
-        if hasattr(type(environment), "feedback") or "feedback" in vars(environment):
+        # On the class (a property, not evaluated here) or the instance; __slots__ has no dict.
+        if hasattr(type(environment), "feedback") or "feedback" in getattr(
+            environment, "__dict__", {}
+        ):
             environment.reset(**task.generate(task.levels[0], 1, seed=0)[0])
             environment_feedback(environment)
     except ValueError as err:
