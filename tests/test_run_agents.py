@@ -197,21 +197,54 @@ def test_the_agent_recipe_runs_is_killed_mid_stage_resumes_and_evaluates_episode
     assert all(isinstance(s["completion"], list) for s in result["samples"])
 
 
+# An environment that owns a reward: 0.25, and 0.25 more a row it stands down the lake, so
+# the reward depends on the episode played.
+OWNED_REWARD = (
+    "from curriculum.tasks.frozenlake_agent import FrozenLakeAgentTask, FrozenLakeEnv\n"
+    "class Env(FrozenLakeEnv):\n"
+    "    def get_reward(self) -> float:\n"
+    "        return 0.25 + 0.25 * self.position[0]\n"
+    "class OwnedRewardTask(FrozenLakeAgentTask):\n"
+    "    environment_class = Env\n"
+)
+
+
+def test_evaluation_adds_the_environments_own_reward_as_training_does(tmp_path, monkeypatch):
+    """With the training weights, an episode's reward is the weighted signals plus the
+    environment's get_reward after the replayed episode, at the weight TRL trains it at."""
+    from curriculum.tasks.agent import environment_reward_weights
+    from pipeline.evaluate.first_attempts import score_completions
+
+    (tmp_path / "owned_reward.py").write_text(OWNED_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from owned_reward import OwnedRewardTask
+
+    task = OwnedRewardTask()
+    assert environment_reward_weights(task) == {"Env": 1.0}
+    assert environment_reward_weights(get_task("frozenlake_agent")) == {}
+    row = task.generate(2, seed=3, n=1)[0]
+    start = json.loads(row["meta"])["start"][0]
+    goal = json.loads(row["meta"])["goal"][0]
+    assert start != goal  # the reward tells the two episodes apart
+    episodes = [task.reference(row), [{"role": "assistant", "content": "I stay."}]]
+    weights = {"correctness": 0.7, "milestones": 0.2, "format": 0.1}
+    signals = score_completions(task, [row, row], episodes, weights=weights).rewards
+    summed = score_completions(
+        task, [row, row], episodes, weights=weights, environment_weight=1.0
+    ).rewards
+    own = [0.25 + 0.25 * goal, 0.25 + 0.25 * start]
+    assert summed == pytest.approx([signals[0] + own[0], signals[1] + own[1]])
+
+
 @pytest.mark.slow
 def test_an_environment_that_owns_a_reward_trains_through_every_stage(
     tmp_path, monkeypatch, capsys
 ):
     """TRL adds an environment's get_reward to the reward list it is given, in place: each
     stage's trainer gets its own list, so stage 2 does not start with one function more
-    than its weights, and both stages log the environment's reward beside the task's."""
-    (tmp_path / "owned_reward.py").write_text(
-        "from curriculum.tasks.frozenlake_agent import FrozenLakeAgentTask, FrozenLakeEnv\n"
-        "class Env(FrozenLakeEnv):\n"
-        "    def get_reward(self) -> float:\n"
-        "        return 0.25\n"
-        "class OwnedRewardTask(FrozenLakeAgentTask):\n"
-        "    environment_class = Env\n"
-    )
+    than its weights, and both stages log the environment's reward beside the task's. The
+    run records it, and pipeline.evaluate scores the stage as the stage line did."""
+    (tmp_path / "owned_reward.py").write_text(OWNED_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "run"
     assert main(agent_args(out, "--task", "owned_reward:OwnedRewardTask")) == 0
@@ -219,10 +252,36 @@ def test_an_environment_that_owns_a_reward_trains_through_every_stage(
     assert "Env.get_reward is a reward of its own: TRL trains on it at weight 1" in said
     state = json.loads((out / "curriculum_state.json").read_text())
     assert state["finished"] and [s["level"] for s in state["stages"]] == [1, 2]
-    for stage in (1, 2):
+    recorded = json.loads((out / "run_config.json").read_text())
+    for stage in (1, 2):  # every weighted reward is named in the metrics
         lines = (out / f"stage_{stage}" / "metrics.jsonl").read_text().splitlines()
         logged = [json.loads(line) for line in lines if "loss" in json.loads(line)]
-        assert logged and all(m["rewards/Env/mean"] == 0.25 for m in logged)
+        named = ["Env", *(f"{name}_reward" for name in recorded["reward_signals"])]
+        assert logged and all(f"rewards/{name}/mean" in m for m in logged for name in named)
+    assert recorded["environment_reward"] == {"Env": 1.0}
+
+    from pipeline.evaluate.cli import main as evaluate
+
+    report = tmp_path / "eval.json"
+    argv = ["--model_name_or_path", str(out / "stage_2"), "--output_json", str(report),
+            "--disable_tqdm", "true"]  # fmt: skip
+    assert evaluate(argv) == 0
+    result = json.loads(report.read_text())
+    assert result["environment_reward"] == {"Env": 1.0}
+    assert result["mean_reward"] == pytest.approx(state["stages"][1]["eval_reward"])
+    # ... and that figure holds the environment's reward (at least 0.25 an episode).
+    from owned_reward import OwnedRewardTask
+
+    from pipeline.evaluate.run_folder import find_run
+
+    model, tokenizer = load_for_evaluation(str(out / "stage_2"))
+    task = OwnedRewardTask()
+    alone = evaluate_first_attempts(
+        model, tokenizer, task, 2, 4, max_new_tokens=96, weights=recorded["reward_signals"],
+        progress=False,
+        trained=find_run(str(out / "stage_2")).trained(task, 2),
+    )  # fmt: skip
+    assert alone.mean_reward <= result["mean_reward"] - 0.25 + 1e-6
 
 
 @pytest.mark.slow
@@ -272,16 +331,41 @@ def test_an_agent_run_in_two_processes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_comparison_of_erl_and_grpo_on_an_agent_task(tmp_path):
+def test_a_comparison_of_erl_and_grpo_on_an_agent_task(tmp_path, monkeypatch):
+    """On a user's environment that owns a reward (`--task module:Class`): every run trains
+    on it and the held-out evaluation scores it, as a stage of pipeline.run does."""
+    (tmp_path / "owned_reward.py").write_text(OWNED_REWARD)
     root = tmp_path / "compare"
     run_args = agent_args(tmp_path / "unused")[2:]  # the recipe's overrides
     run_args[run_args.index("--output_dir") + 1] = str(root)
     done = subprocess.run(
         [sys.executable, "-m", "pipeline.compare", "--config", RECIPE, "--methods", "erl,grpo",
-         "--seeds", "2", "--eval_every", "1", *run_args],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+         "--seeds", "2", "--eval_every", "1", "--task", "owned_reward:OwnedRewardTask",
+         *run_args],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"},
+        capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     comparison = json.loads((root / "comparison.json").read_text())
     assert comparison["settings"]["methods"] == ["erl", "grpo"]
     assert sorted(run["method"] for run in comparison["runs"]) == ["erl", "erl", "grpo", "grpo"]
+    for run in comparison["runs"]:
+        folder = root / "runs" / f"{run['method']}-seed{run['seed']}"
+        lines = (folder / "stage_1" / "metrics.jsonl").read_text().splitlines()
+        assert all("rewards/Env/mean" in json.loads(line) for line in lines if "loss" in line)
+    # The evaluation of the shared start (step 0) holds the environment's reward.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from owned_reward import OwnedRewardTask
+
+    model, tokenizer = load_for_evaluation(str(root / "runs" / "warmup" / "final"))
+    signals = json.loads((root / "runs" / "warmup" / "run_config.json").read_text())
+    scored = {
+        weight: evaluate_first_attempts(
+            model, tokenizer, OwnedRewardTask(), 1, 4, max_new_tokens=96, progress=False,
+            weights=signals["reward_signals"], environment_weight=weight,
+        ).mean_reward
+        for weight in (0.0, 1.0)
+    }  # fmt: skip
+    assert scored[1.0] >= scored[0.0] + 0.25 - 1e-6
+    for run in comparison["runs"]:
+        assert run["evals"][0]["mean_reward"] == pytest.approx(scored[1.0])

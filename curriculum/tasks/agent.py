@@ -187,6 +187,23 @@ class AgentTask(Task):
             played.reply = last["content"]
         return environment, played
 
+    def environment_reward(self, row: Row, completion: Any) -> float:
+        """The environment's own reward for the episode, as TRL reads it after the episode:
+        `get_reward()` on the environment the replayed calls left (awaited when it is a
+        coroutine). 0.0 where the environment has none, or returns None (TRL turns a None
+        into NaN, which adds nothing to the weighted sum); an episode that is not one is
+        replayed as no calls."""
+        environment, _ = self.play(row, completion)
+        get_reward = getattr(type(environment), "get_reward", None)
+        if not callable(get_reward):
+            return 0.0
+        value = get_reward(environment)
+        if inspect.isawaitable(value):
+            import asyncio
+
+            value = asyncio.run(_awaited(value))
+        return 0.0 if value is None else float(value)
+
     def evaluate(self, row: Row, completion: Any) -> Evaluation:
         environment, played = self.play(row, completion)
         if played.malformed is not None:  # not an episode: nothing to judge
@@ -213,6 +230,28 @@ class AgentTask(Task):
 
 def is_agent_task(task: Any) -> bool:
     return isinstance(task, AgentTask)
+
+
+ENVIRONMENT_REWARD_WEIGHT = 1.0
+"""The weight TRL 1.15 gives an environment's `get_reward` beside the reward functions
+(`GRPOTrainer.__init__` appends it with weight 1; no option changes it)."""
+
+
+def environment_reward_weights(task: Any) -> dict[str, float]:
+    """The reward TRL adds for `task`'s environment, as {the column's name: its weight}: the
+    environment's class name and ENVIRONMENT_REWARD_WEIGHT when the class defines
+    `get_reward` (TRL looks on the class of one environment the factory made); {} for an
+    environment without one and for any task that is not an agent task."""
+    if not is_agent_task(task):
+        return {}
+    cls = type(task.make_environment())
+    if not callable(getattr(cls, "get_reward", None)):
+        return {}
+    return {cls.__name__: ENVIRONMENT_REWARD_WEIGHT}
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
 
 
 def episode_messages(completion: Any) -> list[Message] | None:

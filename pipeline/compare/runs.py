@@ -197,13 +197,17 @@ def _stage_recorder_class():
 
 def held_out_evaluator(task, level: int, n: int, max_new_tokens: int, weights):
     """Greedy first attempts on the same `n` held-out prompts of `level`, every time, scored
-    as a stage's evaluation scores them (`weights`: pipeline.evaluate.run_folder.stage_eval_weights)."""
+    as a stage's evaluation scores them (`weights`: pipeline.evaluate.run_folder.stage_eval_weights,
+    beside an agent environment's `get_reward` at the weight training gives it)."""
+    from curriculum.tasks.agent import environment_reward_weights
     from pipeline.evaluate.first_attempts import evaluate_first_attempts
+
+    environment_weight = sum(environment_reward_weights(task).values())
 
     def evaluate(model, tokenizer) -> dict[str, float]:
         result = evaluate_first_attempts(
             model, tokenizer, task, level, n, max_new_tokens=max_new_tokens, weights=weights,
-            progress=False,
+            environment_weight=environment_weight, progress=False,
         )  # fmt: skip
         return {"success": result.success_rate, "mean_reward": result.mean_reward}
 

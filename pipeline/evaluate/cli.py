@@ -84,7 +84,8 @@ class EvaluateArguments:
         metadata={
             "help": "Score the weighted reward of these signals (as in training) instead of the "
             "task reward: one JSON object or signal=weight pairs (None: the run's "
-            "reward_signals, as its stage line; the task reward for a model of no run).",
+            "reward_signals, as its stage line; the task reward for a model of no run). An "
+            "agent environment's get_reward is added at the weight training gave it.",
             "metavar": "SIGNAL=WEIGHT",
         },
     )
@@ -260,6 +261,10 @@ def evaluate_from_command_line(argv: list[str]) -> int:
     check_level(task, level)
     if weights is not None:
         weights = check_signal_weights(task, weights, "--weights")
+    # An agent environment's get_reward, at the weight its run recorded (TRL's otherwise).
+    from curriculum.tasks.agent import environment_reward_weights
+
+    environment = recorded.get("environment_reward", environment_reward_weights(task))
     num_prompts = args.num_prompts or recorded.get("eval_prompts") or 64
     max_new_tokens = args.max_new_tokens or recorded.get("max_completion_length") or 256
     model_path = str(found.model) if found else args.model_name_or_path
@@ -296,6 +301,7 @@ def evaluate_from_command_line(argv: list[str]) -> int:
         do_sample=args.do_sample,
         temperature=args.temperature,
         weights=weights,
+        environment_weight=sum(environment.values()),
         trained=run.trained(task, level) if run else (),  # held out from the run's prompts
         progress=not args.disable_tqdm,
         # An agent task's rounds of tool calls, as its run capped them (None: the task's).
@@ -303,8 +309,9 @@ def evaluate_from_command_line(argv: list[str]) -> int:
     )
 
     print(f"task: {result.task}  level: {result.level}  n: {result.n}  seed: {result.seed}")
-    if weights is not None:
-        print(f"weights: {', '.join(f'{k}={v:g}' for k, v in weights.items())}")
+    if weights is not None:  # with the environment's get_reward, where it adds one
+        shown = {**weights, **{f"{name}.get_reward": v for name, v in environment.items()}}
+        print(f"weights: {', '.join(f'{k}={v:g}' for k, v in shown.items())}")
     print(f"mean_reward: {result.mean_reward:.4f}")
     print(f"success_rate: {result.success_rate:.4f}")
     if result.trained:
@@ -313,6 +320,8 @@ def evaluate_from_command_line(argv: list[str]) -> int:
         from curriculum.atomic import atomic_write_json
 
         record = {"model": args.model_name_or_path, "checkpoint": folder, "weights": weights}
+        if weights is not None and environment:
+            record["environment_reward"] = environment
         atomic_write_json(args.output_json, {**record, **result.to_dict()})
     return 0
 

@@ -82,13 +82,17 @@ def score_completions(
     completions: Sequence[str],
     *,
     weights: Mapping[str, float] | None = None,
+    environment_weight: float = 0.0,
     seed: int | None = None,
     num_samples: int = 4,
 ) -> EvalResult:
     """Score one completion per row with `task`; never raises on the completions.
 
     A completion that cannot be scored counts reward 0 and unsolved (with `weights`, the
-    reward functions' fallback). `weights` maps signal names to weights as in training.
+    reward functions' fallback). `weights` maps signal names to weights as in training;
+    with them, an agent task's environment that has `get_reward` adds it at
+    `environment_weight` (what training gave it: `agent.ENVIRONMENT_REWARD_WEIGHT`, as the
+    run records in run_config.json), so the reward is the one training summed.
     """
     if len(rows) != len(completions):
         raise ValueError(f"{len(rows)} rows but {len(completions)} completions")
@@ -112,6 +116,9 @@ def score_completions(
         for func, weight in zip(funcs, func_weights):
             for i, value in enumerate(func(completions=texts, **columns)):
                 rewards[i] += weight * value
+        if agent and environment_weight:
+            for i, row in enumerate(rows):
+                rewards[i] += environment_weight * task.environment_reward(row, texts[i])
     solved = [r.kind is None and r.evaluation.solved for r in results]
     failures = sum(r.kind is not None for r in results)
     n = len(texts)
@@ -235,6 +242,7 @@ def evaluate_first_attempts(
     do_sample: bool = False,
     temperature: float = 1.0,
     weights: Mapping[str, float] | None = None,
+    environment_weight: float = 0.0,
     trained: Collection[str] = (),
     progress: bool = True,
     num_samples: int = 4,
@@ -247,7 +255,7 @@ def evaluate_first_attempts(
     retry: what a user sees. An agent task's first attempt is a whole episode
     (`pipeline.evaluate.episodes`): `max_new_tokens` is its token budget after the prompt,
     tool replies included, and `max_turns` its rounds of tool calls (None: the task's
-    largest turn limit).
+    largest turn limit). `weights` and `environment_weight`: as `score_completions`.
     """
     task.check_level(level)
     if not isinstance(n, int) or n < 1:
@@ -278,7 +286,13 @@ def evaluate_first_attempts(
             **sampling,
         )
     result = score_completions(
-        task, rows, completions, weights=weights, seed=seed, num_samples=num_samples
+        task,
+        rows,
+        completions,
+        weights=weights,
+        environment_weight=environment_weight,
+        seed=seed,
+        num_samples=num_samples,
     )
     result.trained = overlap
     return result

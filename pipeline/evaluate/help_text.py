@@ -27,6 +27,7 @@ TEXTS = {
         "                        Score the weighted reward of these signals (as in training) instead of the\n"
         "                        task reward: one JSON object or signal=weight pairs (None: the run's\n"
         "                        reward_signals, as its stage line; the task reward for a model of no run).\n"
+        "                        An agent environment's get_reward is added at the weight training gave it.\n"
         "                        (default: None)\n"
         "  --seed SEED           Seed of the prompts (None: the level's held-out seed). (default: None)\n"
         "  --max_new_tokens MAX_NEW_TOKENS, --max-new-tokens MAX_NEW_TOKENS\n"

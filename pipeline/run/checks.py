@@ -17,7 +17,12 @@ from typing import Any
 
 from curriculum.controller import CurriculumController
 from curriculum.tasks import Task, task_path
-from curriculum.tasks.agent import environment_tools, is_agent_task
+from curriculum.tasks.agent import (
+    ENVIRONMENT_REWARD_WEIGHT,
+    environment_reward_weights,
+    environment_tools,
+    is_agent_task,
+)
 from pipeline.evaluate.run_folder import recorded_task
 from pipeline.layout import RunLayout
 from pipeline.options import (
@@ -44,6 +49,7 @@ def check_run(
     its saved state into it)."""
     task = check_task(_task_to_load(run, layout), run.task_config)
     config["task_class"] = task_path(task)  # recorded: a resume and evaluate find it again
+    config["environment_reward"] = environment_reward_weights(task)  # evaluate scores it too
     controller = check_levels(curriculum, task)
     check_signal_weights(task, run.reward_signals, "--reward_signals")
     check_agent_task(task, (run.method,), run, args)
@@ -117,8 +123,8 @@ def check_agent_task(task: Task, methods: tuple[str, ...], run, args) -> None:
         signals = ", ".join(f"{k} {v:g}" for k, v in run.reward_signals.items())
         notice(
             f"--task {task.name}: {type(environment).__name__}.get_reward is a reward of its own: "
-            f"TRL trains on it at weight 1 beside the task's signals ({signals}); each "
-            "stage's evaluation scores the task's signals alone"
+            f"TRL trains on it at weight {ENVIRONMENT_REWARD_WEIGHT:g} beside the task's "
+            f"signals ({signals}), and each stage's evaluation scores it the same way"
         )
     if args.max_tool_calling_iterations is None:
         args.max_tool_calling_iterations = task.max_turns()

@@ -310,7 +310,9 @@ BEFORE_THE_OPTION = {"method": "erl", "reflections_per_group": 0}
 # `task` lives (module:Class), so that a resume and pipeline.evaluate find a user's task.
 # `memory_policy` is what the reflection memory admits and how it ranks (ReflectionMemory's
 # own options, not ERLConfig's): a resume keeps the policy its run started with.
-RECORDED_ONLY = frozenset({"task_class", "memory_policy"})
+# `environment_reward` is the agent environment's `get_reward` that TRL trains on beside the
+# signals ({class name: weight}, {} for none), so that pipeline.evaluate scores it too.
+RECORDED_ONLY = frozenset({"task_class", "memory_policy", "environment_reward"})
 
 
 def memory_policy(path: Path) -> dict[str, bool]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from curriculum.tasks import Task
+from curriculum.tasks.agent import environment_reward_weights
 from pipeline.evaluate.run_folder import stage_eval_weights
 from rewards import GenerationsLog, Scorer, build_feedback_func, build_reward_funcs
 
@@ -39,6 +40,9 @@ class RunRewards:
     """The signals a stage's held-out evaluation scores (as r1 weighs them), or None for
     the task's own reward: when every program weight is 0 (the programs only watch and
     learned signals train), the evaluation still reports the task's verdict."""
+    environment_weight: float = 0.0
+    """The weight TRL trains an agent environment's `get_reward` at (0.0 without one), which
+    the evaluation adds beside `eval_weights`."""
 
 
 def build_run_rewards(
@@ -74,4 +78,11 @@ def build_run_rewards(
             device=device,
             program_feedback=programs_count,
         )
-    return RunRewards(funcs, weights, feedback, scorer, stage_eval_weights(run.reward_signals))
+    return RunRewards(
+        funcs,
+        weights,
+        feedback,
+        scorer,
+        stage_eval_weights(run.reward_signals),
+        sum(environment_reward_weights(task).values()),  # TRL appends its function itself
+    )

@@ -215,6 +215,7 @@ def run_stage(
             max_new_tokens=args.max_completion_length,
             max_turns=args.max_tool_calling_iterations,
             weights=rewards.eval_weights,
+            environment_weight=rewards.environment_weight,
             trained=trained,
             progress=verbose(args.log_level) and not args.disable_tqdm,
         )
