@@ -18,6 +18,7 @@ every reader and writer takes its paths from `RunLayout`:
     <output_dir>/final_merged/            with --save_merged
     <output_dir>/final_gguf/              with --save_gguf
     <output_dir>/generations.jsonl        sampled generations with rewards and feedback
+    <output_dir>/experience.jsonl         every ERL reflection and retry (method erl)
     <output_dir>/reward_curve.png         r1 and r2 over the run, stages, eval rewards
     <output_dir>/tensorboard/<stage_k|warmup>/   with report_to: tensorboard
 
@@ -25,7 +26,8 @@ every reader and writer takes its paths from `RunLayout`:
 ERLTrainer also writes into every trainer checkpoint beside `erl_state.json` (its step's
 counts and budget, `pipeline.erl.trainer`), and so is `base_quantization.json`
 beside an adapter trained on a 4-bit base (`pipeline.models.quantization`);
-`generations.jsonl` is `rewards.GenerationsLog`'s.
+`generations.jsonl` is `rewards.GenerationsLog`'s, `experience.jsonl`
+`pipeline.erl.experience.ExperienceLog`'s.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from rewards.generations_log import GENERATIONS_FILE
 
 LOCK_FILE = ".run.lock"  # pipeline.lock: held while a process writes the folder
 RUN_CONFIG_FILE = "run_config.json"
+EXPERIENCE_FILE = "experience.jsonl"  # pipeline.erl.experience
 STATE_FILE = "curriculum_state.json"
 STAGE_PREFIX = "stage_"
 METRICS_FILE = "metrics.jsonl"
@@ -83,6 +86,10 @@ class RunLayout:
     @property
     def generations(self) -> Path:
         return self.root / GENERATIONS_FILE
+
+    @property
+    def experience(self) -> Path:
+        return self.root / EXPERIENCE_FILE
 
     @property
     def plot(self) -> Path:

@@ -25,24 +25,17 @@ GENERATIONS_FILE = "generations.jsonl"
 MAX_TEXT_CHARS = 4000
 
 
-class GenerationsLog:
-    """Appends sampled generations to `<log_dir>/generations.jsonl` on every `every`-th batch."""
+class StagedLog:
+    """A JSON-lines file that a curriculum run tags with its stage and run-global step,
+    and that a resumed stage trims to what it will not write again (`start_stage`).
+    Records are appended with one `os.write` each on an `O_APPEND` descriptor."""
 
-    def __init__(self, log_dir: str | os.PathLike[str], every: int = 20, samples: int = 2) -> None:
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"log_every must be an int >= 1, got {every!r}")
-        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
-            raise ValueError(f"log_samples must be an int >= 1, got {samples!r}")
-        self.path = os.path.join(os.fspath(log_dir), GENERATIONS_FILE)
-        self.every = every
-        self.samples = samples
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
         self.stage: int | None = None
         """The curriculum stage being trained (None outside a curriculum run)."""
         self.step_offset = 0
         """Steps of the run before this stage: a trainer's global_step restarts per stage."""
-        self._last_batch: int | None = None
-        self._first_attempt_batches = 0
-        self._logged_first_attempts = False
 
     def start_stage(self, stage: int, step_offset: int, stage_step: int = 0) -> None:
         """Tag the following records with `stage` and run-global steps; drop records a
@@ -55,6 +48,40 @@ class GenerationsLog:
         kept = [line for line in lines if _kept(line, stage, stage_step)]
         if len(kept) != len(lines):
             atomic_write_bytes(self.path, "".join(kept).encode("utf-8", "surrogateescape"))
+
+    def append(self, records: list[dict[str, Any]]) -> None:
+        """Append `records`, one JSON line each. A record's `step` (the trainer's
+        global_step) becomes run-global, and its `stage` is added."""
+        if not records:
+            return
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            for record in records:
+                if self.stage is not None:
+                    stage_step = record.get("step")
+                    record = {"stage": self.stage, **record, "stage_step": stage_step}
+                    if stage_step is not None:
+                        record["step"] = self.step_offset + stage_step
+                os.write(fd, (to_json_line(record)).encode("utf-8"))
+        finally:
+            os.close(fd)
+
+
+class GenerationsLog(StagedLog):
+    """Appends sampled generations to `<log_dir>/generations.jsonl` on every `every`-th batch."""
+
+    def __init__(self, log_dir: str | os.PathLike[str], every: int = 20, samples: int = 2) -> None:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"log_every must be an int >= 1, got {every!r}")
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+            raise ValueError(f"log_samples must be an int >= 1, got {samples!r}")
+        super().__init__(os.path.join(os.fspath(log_dir), GENERATIONS_FILE))
+        self.every = every
+        self.samples = samples
+        self._last_batch: int | None = None
+        self._first_attempt_batches = 0
+        self._logged_first_attempts = False
 
     def due(self, batch_index: int, retry: bool = False) -> bool:
         """Whether batch `batch_index` (0, 1, ...) is one to log and has not been logged yet.
@@ -85,21 +112,9 @@ class GenerationsLog:
         return (first + rest)[: self.samples]
 
     def write(self, batch_index: int, records: list[dict[str, Any]]) -> None:
-        """Append `records` (one JSON line each) and mark `batch_index` as logged. A record's
-        `step` (the trainer's global_step) becomes run-global, and its `stage` is added."""
+        """Append `records` (`StagedLog.append`) and mark `batch_index` as logged."""
         self._last_batch = batch_index
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            for record in records:
-                if self.stage is not None:
-                    stage_step = record.get("step")
-                    record = {"stage": self.stage, **record, "stage_step": stage_step}
-                    if stage_step is not None:
-                        record["step"] = self.step_offset + stage_step
-                os.write(fd, (to_json_line(record)).encode("utf-8"))
-        finally:
-            os.close(fd)
+        self.append(records)
 
 
 def _kept(line: str, stage: int, stage_step: int) -> bool:

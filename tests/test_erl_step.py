@@ -207,6 +207,13 @@ def test_a_thinking_models_reasoning_stays_out_of_the_lesson_and_the_memory():
     assert lessons == ["Add them.", "Add them.", "Sum.", "Sum."]
     assert [e.reflection for e in memory] == ["Add them."]
     assert ids("<think>2 and 2, so it said</think> Add them.") in result.rows.completion_ids
+    # The experience log keeps both: the reflection as generated, and the lesson alone.
+    written = [(r["reflection"], r["lesson"]) for r in result.records if r["kind"] == "reflection"]
+    assert written == [("<think>2 and 2, so it said</think> Add them.", "Add them."),
+                       ("hmm, 4 and 4</think> Sum.", "Sum.")]  # fmt: skip
+    assert [r["lesson"] for r in result.records if r["kind"] == "retry"] == lessons
+    offered = [r["offered"] for r in result.records if r["kind"] == "reflection"]
+    assert offered == [True, False]  # only 2+2 was solvable on the retry
 
 
 def test_without_reflection_each_failed_attempt_retries_with_its_own_feedback():

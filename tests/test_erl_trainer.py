@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -11,6 +12,8 @@ from peft import LoraConfig
 from transformers import TrainerCallback
 
 from pipeline import ERLConfig, ERLTrainer
+from pipeline.erl.experience import read_experience
+from pipeline.erl.prompts import lesson_text
 from pipeline.erl.step import reaches_threshold, retry_advantages
 from pipeline.erl.upstream import weighted_reward
 from rewards import completion_text
@@ -129,6 +132,22 @@ def test_one_reflection_per_group_trains_a_step(tiny_model_dir, arithmetic_datas
     assert logged["erl/reflections"] == 2.0 and logged["erl/retries"] == 8.0
     assert len(trainer.memory) <= 2  # a reflection enters at most once
 
+    # What ERL did is on disk: each reflection, and each retry with the lesson it read.
+    records = read_experience(trainer.args.output_dir)
+    reflections = {r["id"]: r for r in records if r["kind"] == "reflection"}
+    retries = [r for r in records if r["kind"] == "retry"]
+    assert len(reflections) == 2 and len(retries) == 8
+    assert len({json.dumps(r["prompt"]) for r in reflections.values()}) == 2  # one a prompt
+    for retry in retries:
+        reflection = reflections[retry["reflection"]]
+        assert retry["prompt"] == reflection["prompt"]  # its own group's reflection
+        assert retry["lesson"] == reflection["lesson"] == lesson_text(reflection["reflection"])
+        last = retry["retry_prompt"][-1]  # the task's turn, rewritten around the lesson
+        assert retry["lesson"] in last["content"] and last["content"] != retry["prompt"][-1]
+        assert isinstance(completion_text(retry["completion"]), str)
+        assert isinstance(retry["r2"], float)
+    assert all(r["feedback"] == "no" and r["step"] == 0 for r in reflections.values())
+
 
 def test_without_reflection_retries_read_the_raw_feedback_and_train(
     tiny_model_dir, arithmetic_dataset, erl_args
@@ -158,6 +177,10 @@ def test_without_reflection_retries_read_the_raw_feedback_and_train(
     assert len(prompts) == 16
     assert sum("Feedback: the digit is 7." in t for t in prompts) == 8
     assert len(trainer.memory) == 0
+    records = read_experience(trainer.args.output_dir)  # retries only, each read the feedback
+    assert [r["kind"] for r in records] == ["retry"] * 8
+    assert all(r["reflection"] is None for r in records)
+    assert all(r["lesson"] == "Feedback: the digit is 7." for r in records)
 
 
 def test_feedback_func_wrong_count_names_the_function(tiny_model_dir, arithmetic_dataset, erl_args):

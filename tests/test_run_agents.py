@@ -17,6 +17,7 @@ from test_multiprocess import run_two
 from test_run import run_process
 
 from curriculum.tasks import get_task
+from pipeline.erl.experience import read_experience
 from pipeline.evaluate.first_attempts import evaluate_first_attempts, load_for_evaluation
 from pipeline.run.cli import main
 
@@ -182,6 +183,20 @@ def test_the_agent_recipe_runs_is_killed_mid_stage_resumes_and_evaluates_episode
     # TRL's tool loop was on (after 40 warm-up steps the model seldom calls a tool yet;
     # the recipe's 300 call ~2 per episode: docs/results.md).
     assert all("tools/call_frequency" in m for m in metrics if "loss" in m)
+
+    # What ERL did is on disk, once per step after the resume: each reflection, and each
+    # retry episode with the lesson in its system turn.
+    experience = read_experience(out)
+    for stage in (1, 2):
+        lines = (out / f"stage_{stage}" / "metrics.jsonl").read_text().splitlines()
+        counted = sum(json.loads(line)["erl/reflections"] for line in lines if "loss" in line)
+        written = [r for r in experience if r["kind"] == "reflection" and r["stage"] == stage]
+        assert counted and len(written) == counted
+    retries = [r for r in experience if r["kind"] == "retry"]
+    assert retries and all(isinstance(r["completion"], list) for r in retries)
+    for retry in retries:
+        system = retry["retry_prompt"][0]
+        assert system["role"] == "system" and retry["lesson"] in system["content"]
 
     # pipeline.evaluate plays the stage's held-out episodes again, as the stage line did.
     report = tmp_path / "eval.json"

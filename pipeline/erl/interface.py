@@ -106,6 +106,9 @@ class StepResult:
 
     rows: NewRows | None
     metrics: dict[str, float]
+    records: list[dict] = field(default_factory=list)
+    """What ERL did, every process's, in process order: one record per reflection and one
+    per retry (`pipeline.erl.experience`), for the trainer's experience log."""
 
 
 # What the step needs from the trainer it runs in --------------------------------------

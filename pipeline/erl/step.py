@@ -250,17 +250,20 @@ class ERLStep:
             "erl/gated_fraction": _global_sum(processes, len(gated), all_r1) / all_r1.numel(),
         }
         counts = processes.gather(torch.tensor([len(gated)], device=all_r1.device))
-        rows = None
+        rows, records = None, []
         if counts.max().item() > 0:
-            rows, experience = self._experience(backend, first, gated, int(counts.max()), step)
+            rows, experience, records = self._experience(
+                backend, first, gated, int(counts.max()), step
+            )
             metrics.update(experience)
         else:
             metrics["erl/internalization_rows"] = 0.0
         metrics["erl/memory_size"] = float(len(self.memory))
-        return StepResult(rows, metrics)
+        return StepResult(rows, metrics, records)
 
-    def _experience(self, backend, first, gated, pad_to, step) -> tuple[NewRows, dict]:
-        """Phases 2-8 for the `gated` rows, padded to `pad_to`: the new rows and their metrics."""
+    def _experience(self, backend, first, gated, pad_to, step) -> tuple[NewRows, dict, list]:
+        """Phases 2-8 for the `gated` rows, padded to `pad_to`: the new rows, their metrics
+        and every process's records of what happened (`_records`)."""
         processes = backend.processes
         chosen = self._pad(first, gated, pad_to)
         plan = self._plan(processes, first, chosen, len(gated))
@@ -278,7 +281,9 @@ class ERLStep:
         else:  # the raw-feedback baseline: each retry reads its own attempt's feedback
             lessons = feedback
         per_retry = self._lessons_per_retry(processes, plan, lessons)
-        retries, r2 = self._retry(backend, chosen, per_retry, own or [""] * len(per_retry))
+        retries, r2, shown_prompts = self._retry(
+            backend, chosen, per_retry, own or [""] * len(per_retry)
+        )
         # A retry no reward function could score (all None -> NaN) carries no signal, as in GRPO.
         scored = [ok and r == r for ok, r in zip(chosen.valid, r2.tolist())]
         success = [
@@ -293,7 +298,62 @@ class ERLStep:
         rows = self._new_rows(backend, plan, chosen, reflections, retries, advantages, kept)
         metrics = self._metrics(backend, plan, r2, scored, success, len(kept), rows)
         metrics["erl/attempts_cut"] = _global_sum(processes, cut, r2)
-        return rows, metrics
+        records = self._records(
+            processes, step, first, plan, chosen, feedback, reflections, lessons, shown,
+            (per_retry, shown_prompts, retries.completions, r2.tolist(), success), every,
+        )  # fmt: skip
+        return rows, metrics, processes.gather_object(records)
+
+    def _records(self, processes, step, first, plan, chosen, feedback, reflections, lessons,
+                 shown, tried, every: EveryRetry) -> list[dict]:  # fmt: skip
+        """This process's records (`pipeline.erl.experience`): each reflection it wrote
+        (the attempt, its feedback, the memory shown, the reflection, the lesson taken from
+        it) and each retry it ran (the lesson it read, its actual prompt, its completion,
+        r2); a retry names its reflection's id ("step:position"). A reflection is `offered`
+        to the memory when a retry with it, on any process, succeeded. Fillers are left out."""
+        records = []
+        if reflections is not None:
+            succeeded = {source for source, ok in zip(every.sources, every.success) if ok}
+            start = processes.index * len(lessons)  # the position of this process's first
+            reflecting = plan.reflecting
+            for j, valid in enumerate(reflecting.valid):
+                if not valid:
+                    continue
+                i = reflecting.index[j]
+                records.append(
+                    {
+                        "kind": "reflection",
+                        "step": step,
+                        "id": f"{step}:{start + j}",
+                        **_row_fields(reflecting.rows[j]),
+                        "attempt": first.completions[i],
+                        "r1": reflecting.r1[j].item(),
+                        "feedback": feedback[j],
+                        "memory": [e.reflection for e in shown[j]],
+                        "reflection": reflections.texts[j],
+                        "lesson": lessons[j],
+                        "offered": start + j in succeeded,
+                    }
+                )
+        for i, (lesson, prompt, completion, r2, success) in enumerate(zip(*tried)):
+            if not chosen.valid[i]:
+                continue
+            source = plan.source[i]
+            records.append(
+                {
+                    "kind": "retry",
+                    "step": step,
+                    "reflection": f"{step}:{source}" if reflections is not None else None,
+                    **_row_fields(chosen.rows[i]),
+                    "r1": chosen.r1[i].item(),
+                    "lesson": lesson,
+                    "retry_prompt": prompt,
+                    "completion": completion,
+                    "r2": r2,
+                    "success": success,
+                }
+            )
+        return records
 
     # ---- Gate: r1 below the threshold (NaN never).
 
@@ -419,8 +479,9 @@ class ERLStep:
 
     def _retry(
         self, backend, chosen: Gated, lessons: list[str], feedback: list[str]
-    ) -> tuple[Attempts, torch.Tensor]:
-        """`feedback`: each retry's own first attempt's (the template's {feedback})."""
+    ) -> tuple[Attempts, torch.Tensor, list]:
+        """The retries, r2 and the prompts they were given (the lesson in them).
+        `feedback`: each retry's own first attempt's (the template's {feedback})."""
         template = self.settings.retry_system_prompt
         if backend.episodic:  # a fresh episode from the row, the lesson as its rulebook
             prompts = [
@@ -440,7 +501,7 @@ class ERLStep:
             retries.generated.completion_ids,
             environments=retries.environments,
         )
-        return retries, r2
+        return retries, r2, prompts
 
     # ---- Credit, over every process: the reflections of one prompt as a group, and the
     # retries of one reflection.
@@ -646,6 +707,11 @@ class ERLStep:
             torch.tensor([nll * tokens, float(tokens)], device=device)
         ).tolist()
         return total / all_tokens * self.settings.internalization_coef if all_tokens else None
+
+
+def _row_fields(row: dict) -> dict:
+    """What a record says of its dataset row: task, level and prompt (the rest is answer)."""
+    return {key: row[key] for key in ("task", "level", "prompt") if key in row}
 
 
 def _feedback_of(rows: Gated, chosen: Gated, feedback: list[str]) -> list[str]:

@@ -55,6 +55,7 @@ from pipeline.erl.batch import (  # noqa: E402
 )
 from pipeline.erl.budget import MemoryModel, StepBudget  # noqa: E402
 from pipeline.erl.config import ERLConfig  # noqa: E402
+from pipeline.erl.experience import ExperienceLog  # noqa: E402
 from pipeline.erl.interface import Attempts, FirstAttempts, Generated  # noqa: E402
 from pipeline.erl.loss import chunk_entropy_mask, merged_chunk_loss  # noqa: E402
 from pipeline.erl.memory import ReflectionMemory  # noqa: E402
@@ -114,6 +115,8 @@ class ERLTrainer(GRPOTrainer):
     `retry_advantages(groups, r1, r2, valid, scale) -> list[float]`, how reflection and
     retry rows are credited (default `pipeline.erl.step.retry_advantages`). Who reflects,
     and whose reflection each retry reads, is `args.reflections_per_group`.
+    `experience_log`: where every reflection and retry is written (default
+    `ExperienceLog(args.output_dir)`: `<output_dir>/experience.jsonl`).
     """
 
     _tag_names = ["trl", "grpo", "erl"]
@@ -127,6 +130,7 @@ class ERLTrainer(GRPOTrainer):
         feedback_func: FeedbackFunc | None = None,
         memory: ReflectionMemory | None = None,
         retry_advantages: RetryAdvantages = retry_advantages,
+        experience_log: ExperienceLog | None = None,
         **kwargs: Any,
     ) -> None:
         check_trainer_base(ERLTrainer.__bases__[0])
@@ -155,6 +159,8 @@ class ERLTrainer(GRPOTrainer):
         self.feedback_func = feedback_func
         self.memory = memory if memory is not None else ReflectionMemory.from_config(args)
         self.erl_step = ERLStep(args, self.memory, retry_advantages)
+        # Every reflection and retry, written by the main process (pipeline.erl.experience).
+        self.experience_log = experience_log or ExperienceLog(args.output_dir)
         self.budget = StepBudget(
             args.peak_memory_factor,
             MemoryModel.of(
@@ -216,6 +222,8 @@ class ERLTrainer(GRPOTrainer):
             output, self._tokenizer.pad_token_id, self.args.per_device_train_batch_size, packed
         )
         result = self.erl_step(self._backend, first, self.state.global_step)
+        if self.accelerator.is_main_process:
+            self.experience_log.append(result.records)
         metrics = self._metrics["train"]
         for key, value in result.metrics.items():
             metrics[key].append(value)

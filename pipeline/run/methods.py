@@ -115,11 +115,13 @@ def build_trainer(
     tokenizer,
     success_threshold,
     environment_factory=None,
+    experience_log=None,
 ):
     """The stage's trainer for `method`, on the run's model, rewards and stage config
     (`args`, an ERLConfig: grpo reads its GRPOConfig options, sdpo those SDPOConfig shares).
     `environment_factory`: an agent task's (`AgentTask.make_environment`), for erl and grpo;
-    TRL's SDPOTrainer takes none (`pipeline.run.checks` refuses the pair first)."""
+    TRL's SDPOTrainer takes none (`pipeline.run.checks` refuses the pair first).
+    `experience_log`: where erl writes its reflections and retries (the run folder's)."""
     common = dict(
         model=model,
         # Each stage's own list: TRL appends an environment's get_reward to it in place, and
@@ -135,7 +137,11 @@ def build_trainer(
     if method == "erl":
         # One memory for the whole run; checkpoints save and restore it.
         return CountingERLTrainer(
-            args=args, feedback_func=rewards.feedback, memory=memory, **common
+            args=args,
+            feedback_func=rewards.feedback,
+            memory=memory,
+            experience_log=experience_log,
+            **common,
         )
     if method == "grpo":
         return RunGRPOTrainer(args=args, **common)

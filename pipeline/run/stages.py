@@ -146,6 +146,7 @@ def run_stage(
     plot) before the state file marks the stage finished, and untouched after; until then
     a resume continues the stage from its latest trainer checkpoint.
     """
+    from pipeline.erl.experience import ExperienceLog
     from pipeline.evaluate.first_attempts import evaluate_first_attempts
     from pipeline.run.checkpoints import (
         latest_trainer_checkpoint,
@@ -170,6 +171,9 @@ def run_stage(
     step_offset = sum(s.steps for s in state.stages if s.finished)
     if generations_log is not None:  # the main process's
         generations_log.start_stage(stage, step_offset, controller.stage_steps)
+    experience_log = ExperienceLog(layout.root)  # ERL's reflections and retries
+    if is_main_process():  # which alone writes it
+        experience_log.start_stage(stage, step_offset, controller.stage_steps)
 
     trainer = build_trainer(
         run.method,
@@ -183,6 +187,7 @@ def run_stage(
         tokenizer=tokenizer,
         success_threshold=args.reward_threshold,
         environment_factory=task.make_environment if is_agent_task(task) else None,
+        experience_log=experience_log,
     )
     callback = CurriculumCallback(trainer, controller, layout.stage_metrics(stage), step_offset)
     trainer.add_callback(callback)
