@@ -48,3 +48,39 @@ def test_the_probe_pairs_retries_with_fresh_episodes_and_keeps_probe_rows_out_of
     assert out["warmup_rows_left_out_as_probe_rows"] == sum(
         prompt_key(r["prompt"]) in probe for r in warm
     )
+
+
+def test_a_code_tasks_warmup_teaches_lessons_on_other_codes_only():
+    """hidden_code_agent warms up on codes of its own (never the probe's, whose answers it
+    would teach): a wrong episode's reflection -> the lesson its feedback names, the retry
+    from that lesson (or the raw feedback) in the system message -> the solution, and a
+    plain solved episode."""
+    from agent_gates import code_warmup, tool_calls
+
+    task = get_task("hidden_code_agent", rule_seed=1)
+    episodes, untooled = code_warmup(task, 1, 12)
+    assert len(untooled) == 12 and len(episodes) == 24
+    for reflection, retry in zip(untooled, episodes[::2]):
+        assert reflection[-1]["role"] == "assistant"
+        lesson = reflection[-1]["content"]
+        assert "Feedback: Entered" in reflection[-2]["content"]
+        system = retry[0]["content"]
+        assert "Advice from a previous attempt: " in system
+        # the retry enters the digits its lesson (or the feedback, which names them) gives
+        entries = [
+            f"{c['function']['arguments']['letter']}={c['function']['arguments']['digit']}"
+            for m in retry if m.get("tool_calls") for c in m["tool_calls"]
+        ]  # fmt: skip
+        assert all(pair in system for pair in entries) and tool_calls(retry) == len(entries)
+        assert set(lesson.split()) == set(entries)
+    probe_code = task.rule_text(1)
+    shown = json.dumps([episodes, untooled])
+    assert probe_code not in shown
+    # No conversation enters the probe code's digits for all of a row's letters, beyond chance.
+    code = task.code(1)
+    agree = [
+        all(code.get(c["function"]["arguments"]["letter"]) == str(c["function"]["arguments"]["digit"])
+            for m in e if m.get("tool_calls") for c in m["tool_calls"])
+        for e in episodes
+    ]  # fmt: skip
+    assert sum(agree) <= 2

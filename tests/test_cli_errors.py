@@ -76,7 +76,8 @@ NO_FOLDER = "no such folder: check the path (a hub id is namespace/name)"
 RUN_CASES = [
     case("task typo", ["--task", "arithmetik"],
      "error: --task: unknown task (arithmetik): choose one of arithmetic, countdown, dataset, "
-     "frozenlake, frozenlake_agent, hidden_code, hidden_rule, lookup, reasoning_gym, schedule, sokoban, "
+     "frozenlake, frozenlake_agent, hidden_code, hidden_code_agent, hidden_rule, lookup, reasoning_gym, "
+     "schedule, sokoban, "
      "sokoban_agent, or give your own Task "
      "subclass as package.module:ClassName"),
     case("task_config key", ["--task_config", '{"colour": "red"}'],
@@ -436,7 +437,8 @@ EVALUATE_CASES = [
      "(PEFT adapter) or checkpoint-N subfolders (also under checkpoints/) holding one"),
     case("task typo", ["--task", "arithmetik"],
      "error: --task: unknown task (arithmetik): choose one of arithmetic, countdown, dataset, "
-     "frozenlake, frozenlake_agent, hidden_code, hidden_rule, lookup, reasoning_gym, schedule, sokoban, "
+     "frozenlake, frozenlake_agent, hidden_code, hidden_code_agent, hidden_rule, lookup, reasoning_gym, "
+     "schedule, sokoban, "
      "sokoban_agent, or give your own Task "
      "subclass as package.module:ClassName"),
     case("task module that does not import", ["--task", "no_such_module_here:ReverseTask"],

@@ -144,15 +144,16 @@ class HiddenCodeTask(SplitTask):
             if split == "all" or self._held_out(places) == (split == "held_out"):
                 return self._row(level, self._letters(level, places), split)
 
+    system_prompt = (
+        "Each letter stands for a digit. Decode the letters in order. Reply only with "
+        f"<answer>{SHAPE}</answer>: each letter, = and its digit."
+    )
+
     def _row(self, level: int, combo: tuple[str, ...], split: str) -> Row:
         code = self.code(level)
-        system = (
-            "Each letter stands for a digit. Decode the letters in order. Reply only with "
-            f"<answer>{SHAPE}</answer>: each letter, = and its digit."
-        )
         answer = "".join(code[letter] for letter in combo)
         return self.make_row(
-            level, system, " ".join(combo), answer, symbols=list(combo), split=split
+            level, self.system_prompt, " ".join(combo), answer, symbols=list(combo), split=split
         )
 
     def reference(self, row: Row) -> str:
@@ -207,21 +208,27 @@ def _read_pairs(text: str) -> list[tuple[str, str]]:
     return [m.groups() for m in found] if all(found) else []
 
 
+def wrong_letters(expected: list[tuple[str, str]], right: list[bool]) -> str:
+    """'Q=3 Z=8': the digit of each letter that was got wrong (or left out), each letter
+    once, in the prompt's order; nothing about letters the prompt lacks."""
+    named: dict[str, str] = {}
+    for (letter, digit), ok in zip(expected, right):
+        if not ok:
+            named.setdefault(letter, digit)
+    return _pairs(named, named.values())
+
+
 def _wrong_feedback(
     text: str, given: list[tuple[str, str]], expected: list[tuple[str, str]], right: list[bool]
 ) -> str:
     """'The answer Q=5 Z=2 X=1 is wrong: Q=3 Z=8.': the digit of each letter the answer got
     wrong (or left out), each letter once; nothing about letters the prompt lacks."""
-    named: dict[str, str] = {}
-    for (letter, digit), ok in zip(expected, right):
-        if not ok:
-            named.setdefault(letter, digit)
-    meanings = _pairs(named, named.values())
+    meanings = wrong_letters(expected, right)
     if not given:
         shown = "is empty" if not text else f"{shorten(text, 20)!r} is not {SHAPE} pairs"
         return f"The answer {shown}: {meanings}."
     said = f"The answer {_pairs(*zip(*given[:8]))}{'...' if len(given) > 8 else ''}"
-    if not named:  # every letter right, but pairs past the last letter
+    if not meanings:  # every letter right, but pairs past the last letter
         return f"{said} has {len(given) - len(expected)} pair(s) too many: one per letter."
     return f"{said} is wrong: {meanings}."
 

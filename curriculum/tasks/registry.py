@@ -33,6 +33,7 @@ _BUILT_IN: dict[str, str] = {
     "dataset": "curriculum.tasks.dataset_task:DatasetTask",
     "hidden_rule": "curriculum.tasks.hidden_rule:HiddenRuleTask",
     "hidden_code": "curriculum.tasks.hidden_code:HiddenCodeTask",
+    "hidden_code_agent": "curriculum.tasks.hidden_code_agent:HiddenCodeAgentTask",
     "lookup": "curriculum.tasks.lookup:LookupTask",
 }
 _REGISTERED: dict[str, type[Task]] = {}  # register_task's, in this process

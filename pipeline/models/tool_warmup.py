@@ -100,12 +100,14 @@ def warm_up_on_episodes(
     seed: int = 0,
     batch_size: int = 8,
     overwrite: bool = False,
+    untooled: list[list[dict]] = (),
 ) -> str:
     """Train the model in `model_dir` on `episodes` (lists of chat messages) for `steps`
     AdamW steps and save it with its tokenizer to `output_dir`; returns that folder.
 
     `tools` are what the prompt shows, as GRPOTrainer gets them (`curriculum.tasks.agent.environment_tools(env)`,
-    functions or JSON schemas). Each step takes `batch_size` episodes at random; the
+    functions or JSON schemas). `untooled`: more conversations, rendered with no tools
+    shown, as ERLTrainer renders a reflection prompt (e.g. a reflection and its lesson). Each step takes `batch_size` episodes at random; the
     learning rate warms up over 10 steps and decays linearly to 0. A plain torch loop in
     float32: on the tiny model it is what runs fastest and most predictably on a CPU.
 
@@ -126,6 +128,8 @@ def warm_up_on_episodes(
         "seed": seed,
         "batch_size": batch_size,
     }
+    if untooled:  # (a warm-up without any keeps the settings it was cached under)
+        settings["untooled"] = _digest(list(untooled))
     out = Path(output_dir)
     stamp = out / STAMP
     if not overwrite and stamp.exists() and json.loads(stamp.read_text())["settings"] == settings:
@@ -138,6 +142,7 @@ def warm_up_on_episodes(
 
     template = grpo_chat_template(tokenizer)  # once, not once per episode
     rows = [render_episode(tokenizer, e, tools, template) for e in episodes]
+    rows += [render_episode(tokenizer, c, [], template) for c in untooled]
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
