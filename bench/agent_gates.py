@@ -47,6 +47,7 @@ from pipeline.erl.prompts import (  # noqa: E402
     DEFAULT_RETRY_PROMPT,
     attempt_text,
     lesson_in_system,
+    lesson_text,
     memory_text,
     reflection_prompt,
 )
@@ -61,14 +62,22 @@ WEIGHTS = {"correctness": 0.7, "milestones": 0.2, "format": 0.1}  # the agent re
 
 
 def warm_model(
-    task, level: int, steps: int, examples: int, probe_keys: set[str]
+    task,
+    level: int,
+    steps: int,
+    examples: int,
+    probe_keys: set[str],
+    lr: float = 3e-3,
+    copy_steps: int = 0,
 ) -> tuple[str, int]:
     """The tiny tool model warmed up on `examples` solved episodes at `level` whose prompts
-    are not probe prompts (a hidden-code task: `code_warmup`); cached by every setting.
-    Returns the folder and the rows left out."""
+    are not probe prompts (a hidden-code task: `code_warmup`, after `copy_steps` on its
+    copying episodes alone); cached by every setting. Returns the folder and the rows left
+    out."""
     untooled: list[list[dict]] = []
+    copies: list[list[dict]] = []
     if hasattr(task, "code"):  # a code shared by every row: warm up on other codes
-        episodes, untooled = code_warmup(task, level, examples)
+        copies, episodes, untooled = code_warmup(task, level, examples)
         left_out = 0
     else:
         rows = task.generate(level, examples, seed=WARM_SEED)
@@ -77,13 +86,17 @@ def warm_model(
         left_out = len(rows) - len(kept)
     tools = environment_tools(task.make_environment())
     key = hashlib.sha256(
-        json.dumps([task.name, vars(task.config), level, steps, examples, sorted(probe_keys)],
-                   default=str).encode()
+        json.dumps([task.name, vars(task.config), level, steps, examples, sorted(probe_keys),
+                    lr, copy_steps], default=str).encode()
     ).hexdigest()[:16]  # fmt: skip
     cache = REPO / ".cache" / "bench-agent" / key
-    base = build_tiny_model(str(cache / "base"), tool_calling=True)
+    start = build_tiny_model(str(cache / "base"), tool_calling=True)
+    if copy_steps:  # copying comes through a phase change, alone first (bench/copy_phase.py)
+        start = warm_up_on_episodes(
+            start, copies, tools, str(cache / "copy"), steps=copy_steps, lr=lr
+        )
     folder = warm_up_on_episodes(
-        base, episodes, tools, str(cache / "warm"), steps=steps, lr=3e-3, untooled=untooled
+        start, episodes, tools, str(cache / "warm"), steps=steps, lr=lr, untooled=untooled
     )
     return folder, left_out
 
@@ -105,17 +118,19 @@ def entered(task, row, digits: str) -> list[dict]:
     return messages
 
 
-def code_warmup(task, level: int, examples: int) -> tuple[list, list]:
+def code_warmup(task, level: int, examples: int) -> tuple[list, list, list]:
     """Warm-up conversations of a hidden-code agent task on other codes than `task`'s:
     for each of `examples` rows of a code of its own, a wrong episode (every digit wrong),
     its reflection prompt -> the lesson the feedback gives ("Q=3 Z=8", untooled, as ERL
     renders a reflection), and the retry episode from that lesson in the system message ->
     the solution; for every other row, the retry reads the raw feedback instead; and one
-    plain solved episode (the prior: any letter, any digit). No row is of `task`'s code."""
+    plain solved episode (the prior: any letter, any digit). Returns (copies, episodes,
+    untooled): `copies` are the retry episodes whose lesson is the row's letters or the
+    whole code (a rulebook), for a copying phase first. No row is of `task`'s code."""
     rng = random.Random(WARM_SEED)
     feedback_func = build_feedback_func(task, WEIGHTS)  # reads only the row, not the code
     reward_funcs, weights = build_reward_funcs(task, WEIGHTS)
-    episodes, untooled = [], []
+    copies, episodes, untooled = [], [], []
     for i in range(examples):
         other = type(task)(rule_seed=rng.randrange(10**9), split="all")
         if other.rule_text(level) == task.rule_text(level):
@@ -140,7 +155,11 @@ def code_warmup(task, level: int, examples: int) -> tuple[list, list]:
         episodes.append(lesson_in_system(prompt, DEFAULT_RETRY_PROMPT, hint) + other.reference(row))
         plain = other.generate(level, 1, seed=rng.randrange(10**6))[0]
         episodes.append(other.start(plain)[1] + other.reference(plain))
-    return episodes, untooled
+        rulebook = lesson if i % 2 == 0 else other.rule_text(level)
+        copies.append(
+            lesson_in_system(prompt, DEFAULT_RETRY_PROMPT, rulebook) + other.reference(row)
+        )
+    return copies, episodes, untooled
 
 
 def tool_calls(episode) -> int:
@@ -157,6 +176,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=400, help="probe rows")
     parser.add_argument("--warmup_steps", type=int, default=300)
     parser.add_argument("--warmup_examples", type=int, default=400)
+    parser.add_argument("--warmup_lr", type=float, default=3e-3)
+    parser.add_argument("--copy_steps", type=int, default=0,
+                        help="a code task's copying phase before the warm-up")  # fmt: skip
     parser.add_argument("--budget", type=int, default=256, help="an episode's tokens")
     parser.add_argument("--reflection_tokens", type=int, default=48)
     args = parser.parse_args()
@@ -169,7 +191,8 @@ def main() -> None:
     rows = task.generate(args.level, args.n, seed=PROBE_SEED)
     folder, left_out = warm_model(
         task, args.level, args.warmup_steps, args.warmup_examples,
-        {prompt_key(row["prompt"]) for row in rows},
+        {prompt_key(row["prompt"]) for row in rows}, lr=args.warmup_lr,
+        copy_steps=args.copy_steps,
     )  # fmt: skip
     model, tokenizer = load_for_evaluation(folder)
     reward_funcs, weights = build_reward_funcs(task, WEIGHTS)
@@ -210,7 +233,7 @@ def main() -> None:
         model, tokenizer, prompts, max_new_tokens=args.reflection_tokens, do_sample=True,
         seed=2, batch_size=64, progress=False,
     )  # fmt: skip
-    retry_episodes = episodes(with_lessons(w_rows, [t.strip() for t in reflections]), 3)
+    retry_episodes = episodes(with_lessons(w_rows, [lesson_text(t) for t in reflections]), 3)
     fresh_episodes = episodes(w_rows, 4)
     raw_episodes = episodes(with_lessons(w_rows, feedback), 5)
     retried, fresh = solved(w_rows, retry_episodes), solved(w_rows, fresh_episodes)
@@ -221,6 +244,7 @@ def main() -> None:
         "task_config": {k: str(v) for k, v in vars(task.config).items()},
         "level": args.level,
         "probe_rows": len(rows),
+        "warm_checkpoint": folder,  # the policy the gate probed (what pipeline.compare starts from)
         "warmup_rows_left_out_as_probe_rows": left_out,
         "first_attempt_success": 1 - len(wrong) / len(rows),
         "failed_first_attempts": len(wrong),

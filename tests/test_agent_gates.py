@@ -58,8 +58,11 @@ def test_a_code_tasks_warmup_teaches_lessons_on_other_codes_only():
     from agent_gates import code_warmup, tool_calls
 
     task = get_task("hidden_code_agent", rule_seed=1)
-    episodes, untooled = code_warmup(task, 1, 12)
-    assert len(untooled) == 12 and len(episodes) == 24
+    copies, episodes, untooled = code_warmup(task, 1, 12)
+    assert len(untooled) == 12 and len(episodes) == 24 and len(copies) == 12
+    for copy, kind in zip(copies, ["lesson", "rulebook"] * 6):  # the rulebook: a whole code
+        lesson = copy[0]["content"].split("Advice from a previous attempt: ")[1]
+        assert len(lesson.split()) == (5 if kind == "rulebook" else len(set(lesson.split())))
     for reflection, retry in zip(untooled, episodes[::2]):
         assert reflection[-1]["role"] == "assistant"
         lesson = reflection[-1]["content"]
@@ -74,13 +77,13 @@ def test_a_code_tasks_warmup_teaches_lessons_on_other_codes_only():
         assert all(pair in system for pair in entries) and tool_calls(retry) == len(entries)
         assert set(lesson.split()) == set(entries)
     probe_code = task.rule_text(1)
-    shown = json.dumps([episodes, untooled])
+    shown = json.dumps([copies, episodes, untooled])
     assert probe_code not in shown
     # No conversation enters the probe code's digits for all of a row's letters, beyond chance.
     code = task.code(1)
     agree = [
         all(code.get(c["function"]["arguments"]["letter"]) == str(c["function"]["arguments"]["digit"])
             for m in e if m.get("tool_calls") for c in m["tool_calls"])
-        for e in episodes
+        for e in episodes + copies
     ]  # fmt: skip
     assert sum(agree) <= 2
