@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from curriculum.tasks import get_task  # noqa: E402
 from curriculum.tasks.agent import environment_tools, run_tool_call  # noqa: E402
+from curriculum.tasks.base import prompt_key  # noqa: E402
 from pipeline.compare.stats import paired  # noqa: E402
 from pipeline.erl.prompts import (  # noqa: E402
     DEFAULT_REFLECTION_PROMPT,
@@ -51,7 +52,6 @@ from pipeline.erl.prompts import (  # noqa: E402
     memory_text,
     reflection_prompt,
 )
-from pipeline.evaluate.held_out import prompt_key  # noqa: E402
 from pipeline.models.tiny import build_tiny_model  # noqa: E402
 from pipeline.models.tool_warmup import warm_up_on_episodes  # noqa: E402
 from rewards import build_feedback_func, build_reward_funcs  # noqa: E402

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import math
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from curriculum.tasks.base import prompt_key
 from rewards.scoring import completion_text
 
 Preference = Callable[[Any, str, str], float]
@@ -57,11 +57,6 @@ def load_preference_function(spec: str) -> Preference:
             "give a function (prompt, a, b) -> a preference in [0, 1]"
         ) from err
     return func
-
-
-def prompt_key(prompt: Any) -> str:
-    """A hashable key for a prompt (a string or a list of messages)."""
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
 
 
 def group_indices(prompts: Sequence[Any]) -> dict[str, list[int]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from curriculum.tasks import get_task
-from pipeline.evaluate.held_out import prompt_key
+from curriculum.tasks.base import prompt_key
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from curriculum.tasks import get_task
+from curriculum.tasks.base import prompt_key
 from pipeline.reward_model.collect import SEED_OFFSET, main
-from rewards.pairwise import prompt_key
 
 
 def collect(model, output, *extra):

@@ -434,7 +434,7 @@ def recording(calls):
 
 def _group_of(question: str) -> str:
     """The group key the step gives `first_attempts`' prompt for `question`."""
-    from pipeline.erl.prompts import prompt_key
+    from curriculum.tasks.base import prompt_key
 
     return prompt_key([{"role": "user", "content": question}])
 

@@ -11,10 +11,10 @@ from conftest import family_config
 
 from curriculum.controller import CurriculumConfig, CurriculumController
 from curriculum.tasks import get_task, list_tasks
+from curriculum.tasks.base import prompt_key
 from pipeline.evaluate.first_attempts import EvalResult, held_out_seed
 from pipeline.evaluate.held_out import (
     held_out_rows,
-    prompt_key,
     stage_seed,
     trained_prompts,
 )

@@ -81,7 +81,8 @@ def test_rows_are_deterministic_and_every_reference_fits_its_turn_limit():
 def test_held_out_maps_are_not_training_maps():
     """Evaluation draws from seeds no training row uses, and skips a map the run trained on:
     small levels repeat maps across seeds (4x4 with 3 holes does within 300 draws)."""
-    from pipeline.evaluate.held_out import held_out_rows, prompt_key
+    from curriculum.tasks.base import prompt_key
+    from pipeline.evaluate.held_out import held_out_rows
 
     for level in (1, 2, 4):
         training = TASK.generate(level, 300, seed=0)

@@ -38,6 +38,13 @@ an evaluation prompt the run trained on, and says how many it could not replace.
 SIGNALS = ("format", "correctness", "milestones", "plausibility", "reasoning")
 
 
+def prompt_key(prompt: Any) -> str:
+    """What names a prompt exactly, roles and all, as one comparable string (a list of chat
+    messages or plain text): GRPO's generations of one prompt share it, the retries of one
+    shared reflection too, and the held-out split compares prompts by it."""
+    return json.dumps(prompt, sort_keys=True, default=str)
+
+
 def is_conversation(value: Any) -> bool:
     """Whether `value` is a non-empty list of {"role": str, "content": str} messages."""
     return (

@@ -65,12 +65,6 @@ def prompt_text(prompt: Any) -> str:
     return "\n".join(str(m["content"]) for m in prompt if m.get("role") != "assistant")
 
 
-def prompt_key(prompt: Any) -> str:
-    """What names a prompt exactly, roles and all: GRPO's generations of one prompt share
-    it, and so do the retries of one shared reflection."""
-    return json.dumps(prompt, sort_keys=True, default=str)
-
-
 def lesson_text(reflection: str) -> str:
     """The lesson a reflection gives, without its reasoning: the text after the last
     `</think>` (a thinking model's template may open the block in the generation prompt),

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from curriculum.tasks.base import prompt_key
 from pipeline.erl.interface import (
     Attempts,
     FirstAttempts,
@@ -50,7 +51,6 @@ from pipeline.erl.prompts import (
     lesson_in_system,
     lesson_text,
     memory_text,
-    prompt_key,
     prompt_text,
     reflection_prompt,
     retry_prompt,

@@ -45,6 +45,7 @@ import torch  # noqa: E402
 from accelerate.utils import gather_object  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
+from curriculum.tasks.base import prompt_key  # noqa: E402
 from pipeline.erl.batch import (  # noqa: E402
     INERT_KEY,
     NewRows,
@@ -60,7 +61,7 @@ from pipeline.erl.interface import Attempts, FirstAttempts, Generated  # noqa: E
 from pipeline.erl.loss import chunk_entropy_mask, merged_chunk_loss  # noqa: E402
 from pipeline.erl.memory import ReflectionMemory  # noqa: E402
 from pipeline.erl.micro_batches import reference_tokens, split_plan  # noqa: E402
-from pipeline.erl.prompts import as_completion, prompt_key, task_prompt  # noqa: E402
+from pipeline.erl.prompts import as_completion, task_prompt  # noqa: E402
 from pipeline.erl.step import (  # noqa: E402
     ERLStep,
     RetryAdvantages,

@@ -18,13 +18,11 @@ keep trained ones, and it counts them, so that the stage line can say so.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Collection, Iterable
-from typing import Any
 
 from curriculum.controller import replay_levels
-from curriculum.tasks.base import Row, Task
+from curriculum.tasks.base import Row, Task, prompt_key
 
 STAGE_SEED_STRIDE = 10_000
 """Seed distance between stages of a run."""
@@ -49,11 +47,6 @@ def stage_rows(
     for drawn, count in sorted(counts.items()):
         rows += task.generate(drawn, count, seed=seed + LEVEL_SEED_STRIDE * drawn)
     return rows
-
-
-def prompt_key(prompt: Any) -> str:
-    """A prompt (a list of chat messages) as one comparable string."""
-    return json.dumps(prompt, sort_keys=True, ensure_ascii=False)
 
 
 def trained_prompts(

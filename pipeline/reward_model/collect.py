@@ -54,8 +54,8 @@ def collect_ratings(
 
     Returns ratings `{"prompt", "completion", "score"}`, one per distinct reply of a prompt.
     """
+    from curriculum.tasks.base import prompt_key
     from pipeline.evaluate.first_attempts import generate_completions, score_completions
-    from rewards.pairwise import prompt_key
 
     task.check_level(level)
     for name, value in (("prompts", prompts), ("samples", samples)):

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from curriculum.tasks.base import prompt_key
 from pipeline.layout import RunLayout
 from pipeline.reward_model.formats import (
     Pair,
@@ -34,7 +35,6 @@ from pipeline.reward_model.formats import (
     read_rating,
     require,
 )
-from rewards.pairwise import prompt_key
 
 RATING_FIELD = "rating"
 """A person's score for a record of generations.jsonl (any numeric scale, higher is better)."""

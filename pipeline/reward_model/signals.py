@@ -44,10 +44,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from curriculum.tasks.base import prompt_key
 from rewards.pairwise import (
     group_indices,
     load_preference_function,
-    prompt_key,
     win_rate_sentence,
     win_rates,
 )
