@@ -108,12 +108,11 @@ def entered(task, row, digits: str) -> list[dict]:
     tools = {tool.__name__: tool for tool in environment_tools(environment)}
     messages = []
     for letter, digit in zip(task.meta(row)["symbols"], digits):
-        call = {"type": "function",
-                "function": {"name": "enter", "arguments": {"letter": letter, "digit": int(digit)}}}  # fmt: skip
+        arguments = {"entry": f"{letter}={digit}"}
+        call = {"type": "function", "function": {"name": "enter", "arguments": arguments}}
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        messages.append(
-            {"role": "tool", "name": "enter", "content": run_tool_call(tools, call).reply}
-        )
+        reply = run_tool_call(tools, call).reply
+        messages.append({"role": "tool", "name": "enter", "content": reply})
     messages.append({"role": "assistant", "content": "Every letter is entered."})
     return messages
 

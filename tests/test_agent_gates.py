@@ -71,7 +71,7 @@ def test_a_code_tasks_warmup_teaches_lessons_on_other_codes_only():
         assert "Advice from a previous attempt: " in system
         # the retry enters the digits its lesson (or the feedback, which names them) gives
         entries = [
-            f"{c['function']['arguments']['letter']}={c['function']['arguments']['digit']}"
+            c["function"]["arguments"]["entry"]
             for m in retry if m.get("tool_calls") for c in m["tool_calls"]
         ]  # fmt: skip
         assert all(pair in system for pair in entries) and tool_calls(retry) == len(entries)
@@ -82,7 +82,7 @@ def test_a_code_tasks_warmup_teaches_lessons_on_other_codes_only():
     # No conversation enters the probe code's digits for all of a row's letters, beyond chance.
     code = task.code(1)
     agree = [
-        all(code.get(c["function"]["arguments"]["letter"]) == str(c["function"]["arguments"]["digit"])
+        all(code.get(c["function"]["arguments"]["entry"][0]) == c["function"]["arguments"]["entry"][2]
             for m in e if m.get("tool_calls") for c in m["tool_calls"])
         for e in episodes + copies
     ]  # fmt: skip

@@ -73,14 +73,16 @@ def test_held_out_combinations_are_never_trained_on():
 
 def test_the_solution_solves_and_each_wrong_digit_is_named_with_its_fix():
     row, code = row_and_code()
+    letters = " ".join(letter for letter, _ in code)
+    assert TASK.start(row)[1][-1]["content"] == f"{letters}\nLeft to enter: {letters}."
     assert TASK.evaluate(row, TASK.reference(row)).breakdown == {
         "format": 1.0, "correctness": 1.0, "milestones": 1.0,
     }  # fmt: skip
-    wrong = [{"letter": letter, "digit": (int(d) + 1) % 10} for letter, d in code[:1]]
-    wrong += [{"letter": letter, "digit": int(d)} for letter, d in code[1:]]
+    wrong = [{"entry": f"{letter}={(int(d) + 1) % 10}"} for letter, d in code[:1]]
+    wrong += [{"entry": f"{letter}={d}"} for letter, d in code[1:]]
     result = TASK.evaluate(row, episode(row, wrong))
     assert result.reward == 0.0 and result.breakdown["milestones"] == pytest.approx(2 / 3)
-    entered = " ".join(f"{e['letter']}={e['digit']}" for e in wrong)
+    entered = " ".join(e["entry"] for e in wrong)
     letter, digit = code[0]
     assert result.feedback["correctness"] == f"Entered {entered}: wrong: {letter}={digit}."
     # the tool never tells: its replies are the same for a right and a wrong digit
@@ -98,17 +100,19 @@ def test_nothing_entered_names_every_letter():
 def test_hostile_calls_are_invalid_and_never_raise():
     row, code = row_and_code()
     (letter, digit), rest = code[0], code[1:]
-    good = [{"letter": x, "digit": int(d)} for x, d in rest]
+    good = [{"entry": f"{x}={d}"} for x, d in rest]
+    right = f"{letter}={digit}"
     hostile = [
-        [call("enter", json.dumps({"letter": letter, "digit": int(digit)}))],  # a JSON string
-        [call("enter", {"letter": "q", "digit": int(digit)})],
-        [call("enter", {"letter": letter, "digit": 12})],
-        [call("enter", {"letter": letter, "digit": True})],
-        [call("enter", {"letter": letter})],  # a missing argument
-        [call("enter", {"letter": letter, "digit": int(digit), "extra": 1})],
-        [call("unlock", {"letter": letter, "digit": int(digit)})],
+        [call("enter", json.dumps({"entry": right}))],  # a JSON string
+        [call("enter", {"entry": right.lower()})],
+        [call("enter", {"entry": f"{letter}=12"})],
+        [call("enter", {"entry": f"{letter}={digit} {letter}={digit}"})],
+        [call("enter", {"entry": 3})],
+        [call("enter", {})],  # a missing argument
+        [call("enter", {"entry": right, "extra": 1})],
+        [call("unlock", {"entry": right})],
         ["not a call"],
-        [call("enter", {"letter": "x" * 10**6, "digit": 1})],
+        [call("enter", {"entry": "x" * 10**6})],
     ]
     for calls in hostile:
         messages = [{"role": "assistant", "content": "", "tool_calls": calls},
@@ -117,14 +121,14 @@ def test_hostile_calls_are_invalid_and_never_raise():
         result = TASK.evaluate(row, messages)
         assert result.reward == 0.0 and result.breakdown["format"] < 1.0, calls
         assert "invalid" in result.feedback["format"]
-    # a digit as text is the digit (the parser may quote numbers)
-    quoted = [{"letter": x, "digit": d} for x, d in code]
-    assert TASK.evaluate(row, episode(row, quoted)).reward == 1.0
+    # spaces around an entry are no error
+    spaced = [{"entry": f" {x}={d} "} for x, d in code]
+    assert TASK.evaluate(row, episode(row, spaced)).reward == 1.0
 
 
 def test_entries_past_the_word_are_refused_and_extra_ones_cost():
     row, code = row_and_code()
-    entries = [{"letter": x, "digit": int(d)} for x, d in code]
+    entries = [{"entry": f"{x}={d}"} for x, d in code]
     played = episode(row, entries + entries[:1])
     assert "already entered" in played[-2]["content"]
     result = TASK.evaluate(row, played)

@@ -3,14 +3,19 @@
 The agent version of `hidden_code`, the positive control for ERL on episodes: a code the
 prompt never explains (which digit each letter stands for) is shared by every prompt of a
 run, so a lesson from one episode ("Q=3") carries to every other episode that uses the
-letter. The prompt lists a word's letters (`Q Z X`); the model calls `enter(letter,
-digit)` once per letter, in order, and then closes with a plain reply.
+letter. The prompt lists a word's letters (`Q Z X`) and, after the environment's reset,
+the letters left to enter; the model calls `enter(entry)` once per letter, in order, each
+entry the letter, = and its digit as a lesson writes it (`enter("Q=3")`), then closes
+with a plain reply.
 
-- The tool never says whether a digit is right: "Entered Q=5. Next letter: Z." An episode
-  alone cannot find the code; the feedback after it can, and a lesson can.
-- A letter that is not a single capital letter, or a digit that is not 0-9, raises: TRL
-  shows the error to the model and the call counts as invalid; it takes no turn. Once the
-  word's letters are all entered (the turn limit), further calls are refused.
+- The tool never says whether a digit is right: "Entered Q=5. Left to enter: Z X." An
+  episode alone cannot find the code; the feedback after it can, and a lesson can. An
+  entry is written as a lesson is, so applying a lesson is copying, as in `hidden_code`'s
+  answer (a small model learns that copy; an argument per letter and per digit it did
+  not, in 3,000 warm-up steps: docs/results.md).
+- An entry that is not one capital letter, = and one digit raises: TRL shows the error to
+  the model and the call counts as invalid; it takes no turn. Once the word's letters are
+  all entered (the turn limit), further calls are refused.
 - The feedback names the fix: the digit of every letter entered wrong or left out
   ("Entered Q=5 Z=2 X=1: wrong: Q=3 Z=8."), as `hidden_code`'s does for an answer.
 
@@ -26,16 +31,19 @@ ones) and `format` (the share of valid calls).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from curriculum.tasks.agent import AgentTask, Played, ToolCall
 from curriculum.tasks.base import Evaluation, Row
 from curriculum.tasks.hidden_code import ALPHABET, LEVELS, HiddenCodeTask, wrong_letters
 
+_ENTRY = re.compile(r"([A-Z])=([0-9])")
+
 SYSTEM_PROMPT = (
     "Each letter stands for a digit. Enter the letters of the word in order with the enter "
-    "tool, one call per letter, each with the digit the letter stands for. When every "
-    "letter is entered, reply with a short final message."
+    "tool, one call per letter, each entry the letter, = and the digit it stands for (Q=3). "
+    "When every letter is entered, reply with a short final message."
 )
 
 
@@ -52,39 +60,33 @@ class HiddenCodeEnv:
         self.refused = 0
         """Calls made after the last letter's turn."""
 
-    def reset(self, meta: str, **row: Any) -> None:
+    def reset(self, meta: str, **row: Any) -> str:
         self._reset_state(json.loads(meta)["symbols"])
+        return f"\n{self._left()}"
 
-    def enter(self, letter: str, digit: int) -> str:
+    def enter(self, entry: str) -> str:
         """Enter the digit that the next letter of the word stands for.
 
         Args:
-            letter: The letter, a capital such as Q.
-            digit: The digit from 0 to 9 that the letter stands for.
+            entry: The letter, = and the digit it stands for, such as Q=3.
         """
-        if not (isinstance(letter, str) and len(letter.strip()) == 1 and letter.strip().isupper()):
-            raise ValueError(f"letter must be one capital letter such as {ALPHABET[0]}")
-        number = _digit(digit)
+        found = _ENTRY.fullmatch(entry.strip()) if isinstance(entry, str) else None
+        if found is None:
+            raise ValueError(
+                f"entry must be a capital letter, = and a digit, such as {ALPHABET[0]}=3"
+            )
         if len(self.entries) >= len(self.symbols):
             self.refused += 1
             return "Every letter is already entered. Reply with a short final message."
-        self.entries.append((letter.strip(), str(number)))
+        self.entries.append((found[1], found[2]))
+        return f"Entered {found[1]}={found[2]}. {self._left()}"
+
+    def _left(self) -> str:
+        """The letters still to enter, or that there are none."""
         left = self.symbols[len(self.entries) :]
-        done = "Every letter is entered. Reply with a short final message."
-        return f"Entered {letter.strip()}={number}. " + (
-            f"Next letter: {left[0]}." if left else done
-        )
-
-
-def _digit(value: Any) -> int:
-    """A digit 0-9 from the model's argument (an int, or the text of one); ValueError else."""
-    if isinstance(value, bool):
-        raise ValueError("digit must be a whole number from 0 to 9")
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if not isinstance(value, int) or not 0 <= value <= 9:
-        raise ValueError("digit must be a whole number from 0 to 9")
-    return value
+        if not left:
+            return "Every letter is entered. Reply with a short final message."
+        return f"Left to enter: {' '.join(left)}."
 
 
 class HiddenCodeAgentTask(AgentTask, HiddenCodeTask):
@@ -101,7 +103,7 @@ class HiddenCodeAgentTask(AgentTask, HiddenCodeTask):
     def solution(self, row: Row) -> tuple[list[ToolCall], str]:
         symbols = self.meta(row)["symbols"]
         calls = [
-            ("enter", {"letter": letter, "digit": int(digit)})
+            ("enter", {"entry": f"{letter}={digit}"})
             for letter, digit in zip(symbols, str(row["answer"]))
         ]
         return calls, "Every letter is entered."
