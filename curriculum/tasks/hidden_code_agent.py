@@ -11,8 +11,8 @@ with a plain reply.
 - The tool never says whether a digit is right: "Entered Q=5. Left to enter: Z X." An
   episode alone cannot find the code; the feedback after it can, and a lesson can. An
   entry is written as a lesson is, so applying a lesson is copying, as in `hidden_code`'s
-  answer (a small model learns that copy; an argument per letter and per digit it did
-  not, in 3,000 warm-up steps: docs/results.md).
+  answer. (The tiny tool model has not yet learned to copy one into a call, with either
+  form of the tool: docs/results.md.)
 - An entry that is not one capital letter, = and one digit raises: TRL shows the error to
   the model and the call counts as invalid; it takes no turn. Once the word's letters are
   all entered (the turn limit), further calls are refused.
