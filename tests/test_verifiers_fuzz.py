@@ -45,6 +45,7 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "dataset": ("dataset", {}),  # its path is filled in by `_task`
     "hidden_rule": ("hidden_rule", {}),
     "hidden_code": ("hidden_code", {}),
+    "hidden_code_agent": ("hidden_code_agent", {}),
     "frozenlake_agent": ("frozenlake_agent", {}),
     "sokoban_agent": ("sokoban_agent", {}),
     "lookup": ("lookup", {}),
