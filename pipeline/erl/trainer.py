@@ -84,6 +84,7 @@ from pipeline.models.quantization import (  # noqa: E402
     record_base_quantization,
     undo_qlora_bf16_cast,
 )
+from pipeline.models.vllm_colocate import fix_cpu_weight_sync  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
 logger = logging.getLogger(__name__)
@@ -142,6 +143,7 @@ class ERLTrainer(GRPOTrainer):
         if not isinstance(model, str):
             add_mode_switches(model)  # before the base's __init__, which reads the precision mark
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        fix_cpu_weight_sync(self)  # TRL's vLLM sync fails on a CPU (pipeline.models.vllm_colocate)
         if feedback_func is None and self.environment_factories is not None:
             _refuse_feedback_methods(self._environment_pool)
         if not unsloth_trainer_active():

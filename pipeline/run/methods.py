@@ -32,6 +32,7 @@ from pipeline.models.quantization import (  # noqa: E402
     record_base_quantization,
     undo_qlora_bf16_cast,
 )
+from pipeline.models.vllm_colocate import fix_cpu_weight_sync, shared_engine  # noqa: E402
 
 METHOD_NAMES = {"grpo": "GRPO", "erl": "ERL", "sdpo": "SDPO"}
 
@@ -56,6 +57,7 @@ class RunGRPOTrainer(GRPOTrainer):
         check_trainer_base(RunGRPOTrainer.__bases__[0])
         add_mode_switches(model)  # Unsloth's trainer switches modes through these
         super().__init__(model, *args, **kwargs)
+        fix_cpu_weight_sync(self)  # as ERLTrainer does (pipeline.models.vllm_colocate)
         if not unsloth_trainer_active():
             undo_qlora_bf16_cast(self.model)  # as ERLTrainer does (pipeline.models.quantization)
         self.generated_tokens = 0
@@ -134,23 +136,25 @@ def build_trainer(
         if method == "sdpo":
             raise ValueError("SDPOTrainer (TRL 1.15) takes no environment_factory")
         common["environment_factory"] = environment_factory
-    if method == "erl":
-        # One memory for the whole run; checkpoints save and restore it.
-        return CountingERLTrainer(
-            args=args,
-            feedback_func=rewards.feedback,
-            memory=memory,
-            experience_log=experience_log,
-            **common,
-        )
-    if method == "grpo":
-        return RunGRPOTrainer(args=args, **common)
-    if method == "sdpo":
-        from pipeline.sdpo.trainer import FeedbackSDPOTrainer, sdpo_config
+    # Every stage's trainer on the run's model: one colocated vLLM engine for them all.
+    with shared_engine(model):
+        if method == "erl":
+            # One memory for the whole run; checkpoints save and restore it.
+            return CountingERLTrainer(
+                args=args,
+                feedback_func=rewards.feedback,
+                memory=memory,
+                experience_log=experience_log,
+                **common,
+            )
+        if method == "grpo":
+            return RunGRPOTrainer(args=args, **common)
+        if method == "sdpo":
+            from pipeline.sdpo.trainer import FeedbackSDPOTrainer, sdpo_config
 
-        return FeedbackSDPOTrainer(
-            args=sdpo_config(args, success_threshold),
-            rollout_feedback=rewards.feedback,
-            **common,
-        )
+            return FeedbackSDPOTrainer(
+                args=sdpo_config(args, success_threshold),
+                rollout_feedback=rewards.feedback,
+                **common,
+            )
     raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHOD_NAMES)}")

@@ -31,6 +31,7 @@ with warnings.catch_warnings():  # trl.experimental warns on import that it is e
     )
 
 from pipeline.models.quantization import record_base_quantization, undo_qlora_bf16_cast  # noqa: E402
+from pipeline.models.vllm_colocate import fix_cpu_weight_sync  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
 
@@ -85,6 +86,7 @@ class FeedbackSDPOTrainer(SDPOTrainer):
     ):
         _drop_teacher_adapter(model)  # an earlier trainer's (a curriculum's previous stage)
         super().__init__(model, *args, **kwargs)
+        fix_cpu_weight_sync(self)  # as ERLTrainer does (pipeline.models.vllm_colocate)
         # TRL casts a quantized model's adapter to bf16 under bf16 (pipeline.models.quantization).
         undo_qlora_bf16_cast(self.model)
         if self.teacher_model is not self.model:
