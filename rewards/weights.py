@@ -39,3 +39,18 @@ def check_weights(task: Task, weights: Mapping[str, float]) -> dict[str, float]:
             raise ValueError(f"weight of signal {name!r} must be a finite number, got {weight!r}")
         checked[name] = float(weight)
     return checked
+
+
+# TRL 1.15.0, GRPOTrainer._compute_advantages ("sum_then_normalize"): the scalar reward, a
+# weighted nansum over the reward functions, NaN where every function returned None. Here,
+# not in pipeline/erl/upstream.py beside TRL's other copies, because ERL, the run's GRPO
+# and SDPO trainers all read it (tests/test_trl_guard.py follows it all the same).
+
+
+def weighted_reward(rewards_per_func, reward_weights):
+    """GRPO's scalar reward of each row (a tensor of rows x functions, and the functions'
+    weights): the weighted nansum over functions, NaN where every function gave NaN."""
+    weights = reward_weights.to(rewards_per_func.device).unsqueeze(0)
+    rewards = (rewards_per_func * weights).nansum(dim=1)
+    rewards[rewards_per_func.isnan().all(dim=1)] = float("nan")
+    return rewards

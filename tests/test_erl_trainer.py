@@ -15,8 +15,8 @@ from pipeline import ERLConfig, ERLTrainer
 from pipeline.erl.experience import read_experience
 from pipeline.erl.prompts import lesson_text
 from pipeline.erl.step import reaches_threshold, retry_advantages
-from pipeline.erl.upstream import weighted_reward
 from rewards import completion_text
+from rewards.weights import weighted_reward
 
 
 def test_quick_start_trains_with_lora(tiny_model_dir, arithmetic_dataset, tmp_path):

@@ -81,3 +81,24 @@ def test_the_teacher_reads_each_rollouts_own_feedback(tiny_model_dir, erl_args):
         else:  # a sibling succeeded: its solution, not this rollout's feedback
             assert "Correct solution" in teacher and "QUOTE[" not in teacher, (i, teacher)
     assert batch["self_distillation_mask"].tolist() == [1, 1, 1, 1, 0, 1, 1, 1]
+
+
+def test_a_rollout_no_reward_function_scored_logs_nan_as_grpo_does(tiny_model_dir, erl_args):
+    """The run's r1 reads each rollout's weighted reward: where every function returned None
+    it is NaN (TRL's rule, which the controller leaves out of its mean), not 0."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def half_unscored(completions, **_):
+        return [None if i % 2 else 1.0 for i in range(len(completions))]
+
+    trainer = FeedbackSDPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        args=sdpo_config(erl_args(), success_threshold=1.0), train_dataset=_dataset(),
+        reward_funcs=[half_unscored], processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+    )  # fmt: skip
+    rows = get_task("arithmetic").generate(1, 4, seed=0)
+    completions = [[{"role": "assistant", "content": "<answer>1</answer>"}]] * 4
+    trainer.model.train()
+    trainer._calculate_rewards(rows, [r["prompt"] for r in rows], completions, [[1]] * 4)
+    logged = [reward for reward, _ in trainer.pop_first_attempts()]
+    assert logged[0::2] == [1.0, 1.0] and all(r != r for r in logged[1::2]), logged

@@ -7,6 +7,8 @@ import inspect
 import trl
 from trl import GRPOTrainer
 
+from rewards.weights import weighted_reward
+
 # The private GRPOTrainer methods ERLTrainer overrides or calls, with TRL 1.15.0's signatures.
 EXPECTED_SIGNATURES = {
     "_calculate_rewards": "(self, inputs, prompts, completions, completion_ids_list)",
@@ -42,7 +44,7 @@ def test_trainer_scales_the_returned_loss_as_erl_assumes():
     ) in source
 
 
-# Each hand copy in pipeline/erl/upstream.py, with lines of TRL 1.15.0's GRPOTrainer it
+# Each hand copy in pipeline/erl/upstream.py (and rewards.weights.weighted_reward), with lines of TRL 1.15.0's GRPOTrainer it
 # follows: an upgrade that changes them fails here, naming the copy to compare.
 UPSTREAM_LINES = {
     "weighted_reward": [
@@ -108,7 +110,9 @@ def test_every_upstream_copy_follows_lines_trl_still_has():
         for name, value in vars(upstream).items()
         if inspect.isfunction(value) and value.__module__ == upstream.__name__
     }
-    # returned_loss_scale follows transformers' Trainer (the test above).
+    # returned_loss_scale follows transformers' Trainer (the test above); weighted_reward
+    # lives in rewards/weights.py, where every trainer of the project reads it.
+    copies.add(weighted_reward.__name__)
     assert copies - {"returned_loss_scale"} == set(UPSTREAM_LINES)
     for name, lines in UPSTREAM_LINES.items():
         for line in lines:

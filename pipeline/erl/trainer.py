@@ -76,7 +76,6 @@ from pipeline.erl.upstream import (  # noqa: E402
     reset_arguments,
     rollout_tools,
     trainable_completions,
-    weighted_reward,
     with_observation,
 )
 from pipeline.models.loading import add_mode_switches  # noqa: E402
@@ -85,6 +84,7 @@ from pipeline.models.quantization import (  # noqa: E402
     undo_qlora_bf16_cast,
 )
 from pipeline.models.vllm_colocate import fix_cpu_weight_sync  # noqa: E402
+from rewards.weights import weighted_reward  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
 logger = logging.getLogger(__name__)

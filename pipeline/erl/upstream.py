@@ -20,19 +20,6 @@ from trl.trainer.utils import use_adapter
 
 from curriculum.tasks.agent import environment_tools
 
-# TRL 1.15.0, GRPOTrainer._compute_advantages ("sum_then_normalize"): the scalar reward, a
-# weighted nansum over the reward functions, NaN where every function returned None.
-
-
-def weighted_reward(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:
-    """GRPO's scalar reward of each row: the weighted nansum over functions (NaN where all
-    are NaN)."""
-    weights = reward_weights.to(rewards_per_func.device).unsqueeze(0)
-    rewards = (rewards_per_func * weights).nansum(dim=1)
-    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-    return rewards
-
-
 # TRL 1.15.0, GRPOTrainer._generate_and_score_completions: the reference log-probs (the
 # reference model, else the policy with its adapter off or its "ref" adapter on), and the
 # completions `mask_truncated_completions` masks (the last token neither eos nor pad).

@@ -23,7 +23,6 @@ from pipeline.models.backend import activate_backend, check_trainer_base, unslot
 
 activate_backend()  # before trl: under Unsloth, trl.GRPOTrainer is Unsloth's
 
-import torch  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from pipeline.erl.trainer import ERLTrainer  # noqa: E402
@@ -33,6 +32,7 @@ from pipeline.models.quantization import (  # noqa: E402
     undo_qlora_bf16_cast,
 )
 from pipeline.models.vllm_colocate import fix_cpu_weight_sync, shared_engine  # noqa: E402
+from rewards.weights import weighted_reward  # noqa: E402
 
 METHOD_NAMES = {"grpo": "GRPO", "erl": "ERL", "sdpo": "SDPO"}
 
@@ -93,9 +93,7 @@ class RunGRPOTrainer(GRPOTrainer):
         if self._scoring_training_batch:
             n = rewards_per_func.size(0) // self.accelerator.num_processes  # gathered rows
             local = rewards_per_func[self.accelerator.process_index * n :][:n]
-            weights = self.reward_weights.to(local.device).unsqueeze(0)
-            rewards = (local * weights).nansum(dim=1)
-            rewards[torch.isnan(local).all(dim=1)] = torch.nan
+            rewards = weighted_reward(local, self.reward_weights)
             self._first_attempt_log.extend(zip(rewards.tolist(), inputs))
         return rewards_per_func
 

@@ -32,6 +32,7 @@ with warnings.catch_warnings():  # trl.experimental warns on import that it is e
 
 from pipeline.models.quantization import record_base_quantization, undo_qlora_bf16_cast  # noqa: E402
 from pipeline.models.vllm_colocate import fix_cpu_weight_sync  # noqa: E402
+from rewards.weights import weighted_reward  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
 
@@ -108,9 +109,8 @@ class FeedbackSDPOTrainer(SDPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        weights = self.reward_weights.to(rewards.device).unsqueeze(0)
         start = self.accelerator.process_index * len(prompts)  # the rewards are gathered
-        total = (rewards * weights).nansum(dim=1)[start : start + len(prompts)].tolist()
+        total = weighted_reward(rewards, self.reward_weights)[start : start + len(prompts)].tolist()
         if self.model.training:
             self._first_attempt_log.extend(zip(total, inputs))
         if self.rollout_feedback is not None:
