@@ -45,7 +45,6 @@ from curriculum.tasks.base import prompt_key  # noqa: E402
 from pipeline.compare.stats import paired  # noqa: E402
 from pipeline.erl.prompts import (  # noqa: E402
     DEFAULT_REFLECTION_PROMPT,
-    DEFAULT_RETRY_PROMPT,
     attempt_text,
     lesson_in_system,
     lesson_text,
@@ -59,6 +58,10 @@ from rewards import build_feedback_func, build_reward_funcs  # noqa: E402
 PROBE_SEED = 500_000  # training seeds, as bench/learning_gates.py's probe
 WARM_SEED = 900_000  # the run's warm-up seeds (pipeline.run.warmup)
 WEIGHTS = {"correctness": 0.7, "milestones": 0.2, "format": 0.1}  # the agent recipe's
+# The retry's system message as this gate measured it (docs/results.md): the lesson or the
+# raw feedback alone. (Since issue 48 the product's default retry also shows the attempt's
+# feedback beside the lesson.)
+LESSON_RETRY = "{prompt}\n\nAdvice from a previous attempt: {reflection}"
 
 
 def warm_model(
@@ -151,13 +154,11 @@ def code_warmup(task, level: int, examples: int) -> tuple[list, list, list]:
         )  # fmt: skip
         untooled.append([*reflect, {"role": "assistant", "content": lesson}])
         hint = lesson if i % 2 == 0 else feedback
-        episodes.append(lesson_in_system(prompt, DEFAULT_RETRY_PROMPT, hint) + other.reference(row))
+        episodes.append(lesson_in_system(prompt, LESSON_RETRY, hint) + other.reference(row))
         plain = other.generate(level, 1, seed=rng.randrange(10**6))[0]
         episodes.append(other.start(plain)[1] + other.reference(plain))
         rulebook = lesson if i % 2 == 0 else other.rule_text(level)
-        copies.append(
-            lesson_in_system(prompt, DEFAULT_RETRY_PROMPT, rulebook) + other.reference(row)
-        )
+        copies.append(lesson_in_system(prompt, LESSON_RETRY, rulebook) + other.reference(row))
     return copies, episodes, untooled
 
 
@@ -209,7 +210,7 @@ def main() -> None:
     def with_lessons(rows_, lessons):
         """The rows with their prompts carrying `lessons` as ERL's retries carry them."""
         return [
-            {**r, "prompt": lesson_in_system(r["prompt"], DEFAULT_RETRY_PROMPT, lesson)}
+            {**r, "prompt": lesson_in_system(r["prompt"], LESSON_RETRY, lesson)}
             for r, lesson in zip(rows_, lessons)
         ]
 

@@ -128,6 +128,7 @@ PRESETS = {
         memory_scope="global",
         threshold=0.6,
         window=256,
+        promote=0.0,
         # 2,400: at 800 the warm checkpoint read the rule but could not apply it to two-digit
         # operands (a retry given the rule itself succeeded 0.13 of the time; 0.29 at 2,400).
         warmup_steps=2400,
@@ -146,7 +147,7 @@ PRESETS = {
 # arms the issue names; partial credit per letter, so that GRPO, which never reads the
 # feedback, has a gradient before its first full decoding (gate c).
 PRESETS["hidden_code"] = PRESETS["hidden_rule"] | dict(
-    methods="grpo,grpo_matched,erl_defaults,erl_paper,raw_feedback_retry,sdpo_mixed",
+    methods="grpo,erl_defaults,raw_feedback_retry,sdpo_mixed",
     rules="1:1,2:2,2:3",
     # Two tuning codes, one per level (issue 48): the sweep and the ablation run on them,
     # never on a reported code, and the warm-up keeps both out.
@@ -155,9 +156,15 @@ PRESETS["hidden_code"] = PRESETS["hidden_rule"] | dict(
     sweep_seeds="5,6",
     style="code",
     reward="partial",
-    steps=40,
-    lr="0.0002,grpo=0.0002,grpo_matched=0.0002,erl_defaults=0.0002,erl_paper=0.0002,"
-    "raw_feedback_retry=0.0002,sdpo_mixed=0.0002",
+    # Learning comes as a phase change after 50-250 flat steps at 1e-3 (docs/log.md,
+    # 2026-12-05); at 40 steps and 2e-4 no arm learned anything (issue 48). So each run
+    # trains until it is promoted (rolling r1 >= 0.6, the controller's rule) or 300 steps.
+    steps=300,
+    promote=0.6,
+    # 1e-3 for every arm: the rate at which the ablation saw every learning arm learn. Not
+    # yet swept for the new preset (`--sweep 3e-4,1e-3,3e-3`, docs/results.md says which
+    # figures ran at which rate).
+    lr="0.001",
     # "<answer>Q=3 Z=8 X=1</answer>" is 17 tokens of the tiny model's (it read 12 once: every
     # answer cut before its closing tag).
     max_tokens=20,
@@ -264,6 +271,8 @@ def parse_options(argv: list[str] | None = None):
     add("--reflection_tokens", type=int)
     add("--memory_scope", choices=MEMORY_SCOPES, help="the erl arm's memory scope")
     add("--threshold", type=float, help="promotion threshold on r1 (analysis only)")
+    add("--promote", type=float, help="stop each run when its rolling r1 over --window "
+        "first attempts reaches this, as the curriculum promotes (0: train to --steps)")  # fmt: skip
     add("--window", type=int, help="first attempts in the rolling mean (analysis only)")
     add("--warmup_steps", type=int)
     add("--warmup_lr", type=float)
@@ -334,6 +343,7 @@ def parse_options(argv: list[str] | None = None):
     fields = {f.name for f in dataclasses.fields(arms.Settings)}
     level, rule_seed = (opts.tuning_rules if opts.sweep else opts.rules)[0]
     values = {k: v for k, v in vars(opts).items() if k in fields}
+    values["promote_window"] = opts.window  # the promotion stop reads the report's window
     settings = arms.Settings(**values, level=level, rule_seed=rule_seed)
     try:
         for method in methods if not opts.sweep else []:  # a sweep sets every arm's rate
@@ -458,7 +468,8 @@ def learned_funcs(task, s, reward_model: str):
 
 # Settings that shape the RL runs only, not the gates (which read the warm checkpoint).
 RUN_ONLY = ("steps", "stop", "lr", "lr_scheduler", "lr_warmup_steps", "generations",
-            "matched_generations", "memory_scope", "eval_every")  # fmt: skip
+            "matched_generations", "memory_scope", "eval_every", "promote",
+            "promote_window")  # fmt: skip
 
 
 def gate_key(warm_key: str, s) -> str:

@@ -190,34 +190,39 @@ LESSON_ARMS = {
     # One reflection per group that every failed attempt of the group retries with (issue
     # 32), credited with its retries' mean.
     "erl_shared": arm(reflections_per_group=1),
-    # ERLTrainer at the product's defaults since issue 32, stated here (a test checks they
-    # are the defaults): one reflection per group and the lessons-only memory with records.
+    # ERLTrainer at the product's defaults, stated here (a test checks they are the
+    # defaults): one reflection per group and the lessons-only memory with records (issue
+    # 32), the retry reading its own attempt's feedback beside the lesson (issue 48).
     "erl_defaults": arm(
-        reflections_per_group=1, memory=dict(lessons_only=True, confirmations=True)
+        reflections_per_group=1,
+        memory=dict(lessons_only=True, confirmations=True),
+        retry_system_prompt=RETRY_FEEDBACK_TEMPLATE,
     ),
 }
-# What makes erl_defaults miss where a lesson can be copied (issue 48): each changes ONE thing
-# of erl_defaults toward raw_feedback_retry. (A reflection per failed attempt, the other
-# change, is erl_lessons above.)
+# What made the defaults before issue 48 (`erl_lesson_retry`: the retry read the group's
+# lesson alone) miss where a lesson can be copied: each arm changes ONE thing of those toward
+# raw_feedback_retry. (A reflection per failed attempt, another change, is erl_lessons
+# above.) The first change, the retry reading its own feedback too, is now `erl_defaults`.
 LESSONS_MEMORY = dict(lessons_only=True, confirmations=True)
 
 
 def defaults_with(memory: dict | None = LESSONS_MEMORY, **change) -> Arm:
-    """erl_defaults (one reflection per group, the lessons-only memory, its learning rate)
-    with one `change`: a config option, its memory's, or its step."""
+    """The defaults before issue 48 (one reflection per group, the lessons-only memory, the
+    retry reading the lesson alone; erl_defaults' learning rate) with one `change`: a
+    config option, its memory's, or its step."""
     return arm(reflections_per_group=1, memory=memory, lr_from="erl_defaults", **change)
 
 
 CODE_ABLATIONS = {
-    # the retry reads its own attempt's feedback before the group's lesson
-    "erl_defaults_feedback": defaults_with(retry_system_prompt=RETRY_FEEDBACK_TEMPLATE),
+    # the defaults before issue 48, as measured (docs/log.md: 0 of 8 tuning runs learned)
+    "erl_lesson_retry": defaults_with(),
     # the reflections written and read, but no row of theirs in the loss
-    "erl_defaults_no_reflection_rows": defaults_with(step="no_reflection_rows"),
-    "erl_defaults_no_memory": defaults_with(memory=None, enable_memory=False),
+    "erl_lesson_retry_no_reflection_rows": defaults_with(step="no_reflection_rows"),
+    "erl_lesson_retry_no_memory": defaults_with(memory=None, enable_memory=False),
     # internalization_coef as seed 000 defines it: relative to the RL loss
-    "erl_defaults_int_loss": defaults_with(step="loss_weighted_internalization"),
+    "erl_lesson_retry_int_loss": defaults_with(step="loss_weighted_internalization"),
     # the ERL paper's code: every retry internalized, advantage max(r2, 0)
-    "erl_defaults_raft": defaults_with(step="raft_internalization"),
+    "erl_lesson_retry_raft": defaults_with(step="raft_internalization"),
 }
 ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS, **LESSON_ARMS, **CODE_ABLATIONS}
 BASELINES = ("grpo", "grpo_matched")
@@ -283,6 +288,11 @@ class Settings:
     stop: str = ""  # "arm=step,...": stop those arms early, on the same schedule
     base: str = "tiny"  # "tiny" (built here, `hidden` x `layers`), "smollm2" or a model folder
     copy_steps: int = 0  # hidden_code: SFT steps on copies and lookups alone, before the warm-up
+    # The curriculum's promotion as a stop: a run ends at the first step its rolling r1 over
+    # `promote_window` first attempts reaches `promote` (0: every run trains to `steps`).
+    # Its held-out success there stands for every later step, as a promoted stage's would.
+    promote: float = 0.0
+    promote_window: int = 256
 
     @property
     def prompts_per_step(self) -> int:
@@ -582,14 +592,25 @@ def recording_retry_advantages(groups, r1, r2, valid, scale):
     return advantages
 
 
+def reaches(rewards: list[float], threshold: float, window: int) -> bool:
+    """The curriculum controller's promotion rule: the mean of the last `window` scored
+    first-attempt rewards is at least `threshold` (and there are that many)."""
+    recent = rewards[-window:]
+    return len(recent) >= window and sum(recent) / len(recent) >= threshold
+
+
 class Recorder(TrainerCallback):
     """Per step: r1, generated and processed tokens, wall seconds (evaluation excluded), the
     ERL/SDPO logs; held-out success every `eval_every` steps; stops the run at `stop`."""
 
-    def __init__(self, trainer, evaluate, eval_every: int, stop: int, label: str) -> None:
+    def __init__(
+        self, trainer, evaluate, eval_every: int, stop: int, label: str, promote=(0.0, 1)
+    ) -> None:
         self.trainer, self.evaluate, self.eval_every = trainer, evaluate, eval_every
         self.processed = ProcessedTokens(*forward_models(trainer))
         self.stop, self.label = stop, label
+        self.promote, self.promote_window = promote
+        self.rewards: list[float] = []  # every scored first attempt's r1, for the promotion
         self.steps: list[dict] = []
         self.evals: list[dict] = []
         self.paused = 0.0
@@ -607,7 +628,8 @@ class Recorder(TrainerCallback):
             "processed": self.processed.total,
         }
         self.steps.append(record | {"seconds": seconds})
-        last = state.global_step >= self.stop
+        self.rewards += [r for r in rewards if r == r]
+        last = state.global_step >= self.stop or self.promoted()
         if state.global_step % self.eval_every == 0 or last:
             paused = time.perf_counter()
             self.processed.counting = False  # the evaluation is no training compute
@@ -630,6 +652,10 @@ class Recorder(TrainerCallback):
             )
         if last:
             control.should_training_stop = True
+
+    def promoted(self) -> bool:
+        """Whether the run is promoted (`--promote`): the report's `crossing` rule."""
+        return bool(self.promote) and reaches(self.rewards, self.promote, self.promote_window)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and self.steps:
@@ -715,7 +741,12 @@ def train_one(
         if spec.step:  # an ablation's step, over the trainer's own memory and credit
             trainer.erl_step = STEPS[spec.step](args, trainer.memory, recording_retry_advantages)
     recorder = Recorder(
-        trainer, held_out(task, tokenizer, s), s.eval_every, s.stop_at(name), f"{name}/{seed}"
+        trainer,
+        held_out(task, tokenizer, s),
+        s.eval_every,
+        s.stop_at(name),
+        f"{name}/{seed}",
+        promote=(s.promote, s.promote_window),
     )
     trainer.add_callback(recorder)
     trainer.remove_callback(PrinterCallback)  # the Recorder prints a line per evaluation

@@ -50,7 +50,7 @@ from trl import SFTTrainer
 from curriculum.tasks import get_task
 from pipeline import ERLConfig, build_tiny_model
 from pipeline.compare.stats import paired
-from pipeline.erl.prompts import memory_text, reflection_prompt, retry_prompt
+from pipeline.erl.prompts import memory_text, reflection_prompt, retry_prompt, without_reflection
 from pipeline.evaluate.first_attempts import generate_completions
 from pipeline.run.warmup import reference_dataset, sft_warmup, warmup_config
 
@@ -655,7 +655,8 @@ def probe(
         reflection_tokens, 2,
     )  # fmt: skip
     retry = [
-        retry_prompt(r["prompt"], retry_template, t.strip()) for r, t in zip(w_rows, reflections)
+        retry_prompt(r["prompt"], retry_template, t.strip(), f)
+        for r, t, f in zip(w_rows, reflections, feedback)
     ]
     retried = solved(w_rows, sample(retry, answer_tokens, 3))
     fresh = solved(w_rows, sample([r["prompt"] for r in w_rows], answer_tokens, 4))
@@ -669,7 +670,10 @@ def probe(
     out |= _versus_fresh("retry_success_after_reflection", retried, fresh)
     out["resample_success"] = statistics.fmean(fresh) if fresh else math.nan
     if s.task in RULE_TASKS:
-        raw = [retry_prompt(r["prompt"], retry_template, f) for r, f in zip(w_rows, feedback)]
+        raw = [
+            retry_prompt(r["prompt"], retry_template, *without_reflection(retry_template, f))
+            for r, f in zip(w_rows, feedback)
+        ]
         out |= _versus_fresh(
             "retry_success_from_raw_feedback", solved(w_rows, sample(raw, answer_tokens, 5)), fresh
         )

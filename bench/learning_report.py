@@ -15,7 +15,7 @@ import math
 import statistics
 from pathlib import Path
 
-from learning_arms import BASELINES, is_sdpo, make_task, states_the_rule
+from learning_arms import BASELINES, is_sdpo, make_task, reaches, states_the_rule
 
 from pipeline.compare.stats import Interval, interval, paired, value_at
 from pipeline.erl.memory import lesson_problem
@@ -35,8 +35,7 @@ def crossing(run: dict, threshold: float, window: int) -> dict | None:
     rewards: list[float] = []
     for record in run["steps"]:
         rewards += [r for r in record["r1"] if r == r]
-        recent = rewards[-window:]
-        if len(recent) >= window and sum(recent) / len(recent) >= threshold:
+        if reaches(rewards, threshold, window):
             return {k: record[k] for k in ("step", "tokens", "processed", "seconds")}
     return None
 

@@ -126,8 +126,8 @@ def test_a_step_gates_reflects_retries_credits_remembers_and_internalizes():
     assert "- Add two twos." in reflections[2][0]["content"]  # its prompt's stored lesson
     assert "(none yet)" in reflections[0][0]["content"]
     assert (
-        retries[0][0]["content"]
-        == "What is 1+1?\n\nAdvice from a previous attempt: Check What is 1+1? again."
+        retries[0][0]["content"] == "What is 1+1?\n\nFeedback on your attempt: not guess\n\n"
+        "Advice from a previous attempt: Check What is 1+1? again."
     )
     # r2 is scored against the original rows, marked as retries.
     (scored,) = backend.scored
@@ -230,10 +230,12 @@ def test_without_reflection_each_failed_attempt_retries_with_its_own_feedback():
     result = step(backend, first, step=3)
 
     ((retries, _),) = backend.generated  # one generate call: the retries
+    # The default template names {feedback}: the feedback is shown there, once.
     assert [content(p) for p in retries] == [
-        "What is 1+1?\n\nAdvice from a previous attempt: not guess",
-        "What is 1+1?\n\nAdvice from a previous attempt: not guess again",
-        "What is 2+2?\n\nAdvice from a previous attempt: not guess",
+        "What is 1+1?\n\nFeedback on your attempt: not guess\n\nAdvice from a previous attempt: ",
+        "What is 1+1?\n\nFeedback on your attempt: not guess again\n\n"
+        "Advice from a previous attempt: ",
+        "What is 2+2?\n\nFeedback on your attempt: not guess\n\nAdvice from a previous attempt: ",
     ]
     rows = result.rows
     # Three retries (alone in their reflection's slot: r2 - r1 within the prompt's group),
@@ -243,6 +245,21 @@ def test_without_reflection_each_failed_attempt_retries_with_its_own_feedback():
     assert len(memory) == 0
     assert result.metrics["erl/reflections"] == 0.0 and result.metrics["erl/retries"] == 3.0
     assert result.metrics["erl/internalization_rows"] == 2.0
+
+
+def test_without_reflection_a_template_without_feedback_shows_it_as_the_reflection():
+    """The raw-feedback baseline with a retry template that names only {reflection}: the
+    attempt's own feedback stands there (the bench's raw_feedback_retry runs so)."""
+    backend = Backend()
+    first = first_attempts(["What is 1+1?", "What is 2+2?"], torch.tensor([0.0, 0.0]))
+    first.completions[1] = [{"role": "assistant", "content": "guess again"}]
+    config = settings(enable_reflection=False, retry_system_prompt="{prompt}|{reflection}")
+    ERLStep(config, ReflectionMemory(10))(backend, first, step=1)
+    ((retries, _),) = backend.generated
+    assert [content(p) for p in retries] == [
+        "What is 1+1?|not guess",
+        "What is 2+2?|not guess again",
+    ]
 
 
 def test_a_retry_template_with_feedback_shows_each_retry_its_own_attempts_feedback():
@@ -692,7 +709,7 @@ def test_the_retry_prompt_of_an_episode_puts_the_lesson_in_the_system_message():
     ((retry,),) = recorded
     assert retry[1] == prompt[0]  # the task as the first attempt had it
     assert retry[0]["role"] == "system"
-    assert retry[0]["content"].startswith("Advice from a previous attempt: Check")
+    assert retry[0]["content"].startswith("Feedback on your attempt: not guess\n\nAdvice from")
 
 
 def test_a_long_attempt_is_cut_in_the_middle_for_its_reflection_and_counted():

@@ -298,7 +298,9 @@ def test_plain_text_prompts_reflect_and_retry_as_plain_text(tiny_model_dir, erl_
 
     # Rows n..2n-1 are reflections, 2n..3n-1 retries, both built from plain text (no chat template).
     assert prompt_text(n).startswith("You tried to solve this task:\n" + batch[0]["prompt"])
-    assert prompt_text(2 * n).startswith(batch[0]["prompt"] + "\n\nAdvice from a previous attempt:")
+    assert prompt_text(2 * n).startswith(
+        batch[0]["prompt"] + "\n\nFeedback on your attempt: Give only the number.\n\nAdvice from"
+    )
 
 
 def test_unscorable_retries_carry_no_signal_and_get_the_reward_funcs_kwargs(

@@ -201,19 +201,21 @@ def test_prompts_follow_the_templates_and_keep_the_system_turn():
         reward=0.0,
         memory="- 2 + 3 = 5.",
     )
-    retry = retry_prompt(row["prompt"], DEFAULT_RETRY_PROMPT, "R")
+    retry = retry_prompt(row["prompt"], DEFAULT_RETRY_PROMPT, "R", "F")
     assert retry[0] == system
     assert retry[1] == {
         **user,
-        "content": DEFAULT_RETRY_PROMPT.format(prompt=user["content"], reflection="R"),
+        "content": DEFAULT_RETRY_PROMPT.format(
+            prompt=user["content"], reflection="R", feedback="F"
+        ),
     }
     # Plain-text datasets get plain-text prompts.
     assert (
         reflection_prompt("Q", "{prompt}|{attempt}", attempt="A", feedback="", reward=0, memory="")
         == "Q|A"
     )
-    assert retry_prompt("Q", DEFAULT_RETRY_PROMPT, "R") == DEFAULT_RETRY_PROMPT.format(
-        prompt="Q", reflection="R"
+    assert retry_prompt("Q", DEFAULT_RETRY_PROMPT, "R", "F") == DEFAULT_RETRY_PROMPT.format(
+        prompt="Q", reflection="R", feedback="F"
     )
 
 

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 learning = pytest.importorskip("learning")  # imports learning_arms (the backend) first
 arms = sys.modules["learning_arms"]
 report = sys.modules["learning_report"]
+from pipeline.erl.prompts import template_fields  # noqa: E402
 
 PRESETS = [
     ["--task", "hidden_rule"],
@@ -179,6 +180,8 @@ def test_the_run_key_changes_with_what_decides_a_result(monkeypatch):
         "extra": key(extra={"reward_model": "x"}),
         "learning rate": key(settings=dataclasses.replace(s, lr="1e-3")),
         "operands": key(settings=dataclasses.replace(s, max_operand=9)),
+        "promotion": key(settings=dataclasses.replace(s, promote=0.6)),
+        "promotion window": key(settings=dataclasses.replace(s, promote_window=64)),
     }
     monkeypatch.setattr(arms, "REFLECTION_TEMPLATE", arms.REFLECTION_TEMPLATE + " ")
     changed["template"] = key()
@@ -206,6 +209,23 @@ def test_the_run_key_changes_with_what_decides_a_result(monkeypatch):
     assert key(name="erl", settings=own) != key(
         name="erl", settings=dataclasses.replace(s, lr="5e-4")
     )
+
+
+def test_a_run_stops_where_it_is_promoted_and_is_evaluated_there(tiny_model_dir, tmp_path):
+    """--promote: a run ends at the first step whose rolling r1 over --window first attempts
+    reaches the threshold (the report's `crossing` finds the same step), with a held-out
+    evaluation there; without it, the run trains to --steps."""
+    small = ["--task", "hidden_code", "--rules", "1:1", "--batch", "8", "--generations", "4"]
+    small += ["--steps", "3", "--eval_every", "10", "--window", "16"]
+    _, s = learning.parse_options([*small, "--promote", "-1"])  # any two steps' mean passes
+    assert (s.promote, s.promote_window) == (-1.0, 16)
+    run = arms.train_one("grpo", 0, Path(tiny_model_dir), s, tmp_path / "promoted")
+    assert [r["step"] for r in run["steps"]] == [1, 2]
+    assert [e["step"] for e in run["evals"]] == [2]
+    assert report.crossing(run, s.promote, s.promote_window)["step"] == 2
+    plain = dataclasses.replace(s, promote=0.0)
+    run = arms.train_one("grpo", 0, Path(tiny_model_dir), plain, tmp_path / "plain")
+    assert [r["step"] for r in run["steps"]] == [1, 2, 3]
 
 
 def _run(seed, success, tokens=1000):
@@ -386,33 +406,49 @@ def test_erl_defaults_is_the_product_at_its_defaults_and_erl_stays_as_measured()
     defaults = arms.arm_config("erl_defaults", s, "unused", 0)
     assert defaults.reflections_per_group == product.reflections_per_group
     assert dict(arms.ALL_ARMS["erl_defaults"].memory) == ReflectionMemory(0).policy
+    # The bench's short templates stand for the product's: the retry reads its own
+    # attempt's feedback exactly when the product's default retry template does (issue 48).
+    fields = template_fields(defaults.retry_system_prompt)
+    assert (
+        fields
+        == template_fields(product.retry_system_prompt)
+        == {"prompt", "feedback", "reflection"}
+    )
     assert arms.arm_config("erl", s, "unused", 0).reflections_per_group == 0
     assert arms.arm_config("erl_shared", s, "unused", 0).reflections_per_group == 1
     # The raw-feedback baseline (issue 43) is ERL with no reflection, nothing else changed.
     raw = arms.arm_config("raw_feedback_retry", s, "unused", 0)
     assert raw.enable_reflection is False and product.enable_reflection is True
+    assert raw.retry_system_prompt == arms.RETRY_TEMPLATE  # the feedback shown as the hint
     assert arms.arm_config("erl", s, "unused", 0).enable_reflection is True
 
 
-def test_each_code_ablation_changes_one_thing_of_erl_defaults():
-    """Issue 48's ablations: each arm is erl_defaults (its config, memory, step and rate)
-    with exactly the one change it names."""
+def test_each_code_ablation_changes_one_thing_of_the_defaults_before_issue_48():
+    """Issue 48's ablations: `erl_lesson_retry` is erl_defaults with the retry reading the
+    lesson alone (the defaults before issue 48), and each other arm is that (its config,
+    memory, step and rate) with exactly the one change it names."""
     _, s = learning.parse_options(["--task", "hidden_code"])
-    base = arms.config_fingerprint(arms.arm_config("erl_defaults", s, "unused", 0))
-    spec = arms.ALL_ARMS["erl_defaults"]
-    expected = {
-        "erl_defaults_feedback": ({"retry_system_prompt": arms.RETRY_FEEDBACK_TEMPLATE}, {}),
-        "erl_defaults_no_reflection_rows": ({}, {"step": "no_reflection_rows"}),
-        "erl_defaults_no_memory": ({"enable_memory": False}, {"memory": ()}),
-        "erl_defaults_int_loss": ({}, {"step": "loss_weighted_internalization"}),
-        "erl_defaults_raft": ({}, {"step": "raft_internalization"}),
+    defaults = arms.config_fingerprint(arms.arm_config("erl_defaults", s, "unused", 0))
+    before = arms.config_fingerprint(arms.arm_config("erl_lesson_retry", s, "unused", 0))
+    assert {k: v for k, v in before.items() if defaults[k] != v} == {
+        "retry_system_prompt": arms.RETRY_TEMPLATE
     }
-    assert set(expected) == set(arms.CODE_ABLATIONS)
+    spec = arms.ALL_ARMS["erl_lesson_retry"]
+    assert dataclasses.replace(spec, overrides=arms.ALL_ARMS["erl_defaults"].overrides) == (
+        dataclasses.replace(arms.ALL_ARMS["erl_defaults"], lr_from="erl_defaults")
+    )
+    expected = {
+        "erl_lesson_retry_no_reflection_rows": ({}, {"step": "no_reflection_rows"}),
+        "erl_lesson_retry_no_memory": ({"enable_memory": False}, {"memory": ()}),
+        "erl_lesson_retry_int_loss": ({}, {"step": "loss_weighted_internalization"}),
+        "erl_lesson_retry_raft": ({}, {"step": "raft_internalization"}),
+    }
+    assert set(expected) | {"erl_lesson_retry"} == set(arms.CODE_ABLATIONS)
     for name, (config_change, spec_change) in expected.items():
         config = arms.config_fingerprint(arms.arm_config(name, s, "unused", 0))
-        assert {k: v for k, v in config.items() if base[k] != v} == config_change, name
+        assert {k: v for k, v in config.items() if before[k] != v} == config_change, name
         ablation = arms.ALL_ARMS[name]
-        assert dataclasses.replace(ablation, lr_from="", overrides=spec.overrides) == (
+        assert dataclasses.replace(ablation, overrides=spec.overrides) == (
             dataclasses.replace(spec, **spec_change)
         ), name
         assert s.learning_rate(name) == s.learning_rate("erl_defaults")

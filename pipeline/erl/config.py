@@ -102,7 +102,8 @@ class ERLConfig(GRPOConfig):
         default=True,
         metadata={
             "help": "False: no reflection is written; every gated first attempt retries with "
-            "its own feedback in the retry template's {reflection}, and successful retries are "
+            "its own feedback, in the retry template's {feedback} (its {reflection} left empty) "
+            "or, where the template has no {feedback}, in its {reflection}; successful retries are "
             "internalized as usual (the raw-feedback baseline: is a reflection worth its "
             "tokens?). The memory and reflections_per_group are then not used."
         },

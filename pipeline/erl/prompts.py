@@ -26,7 +26,14 @@ DEFAULT_REFLECTION_PROMPT = (
     "Lessons from similar tasks:\n{memory}\n\n"
     "In one or two sentences, say what went wrong and how to fix it. Do not give the final answer."
 )
-DEFAULT_RETRY_PROMPT = "{prompt}\n\nAdvice from a previous attempt: {reflection}"
+# The retry reads its own attempt's feedback beside the lesson: with the lesson alone, ERL
+# learned hidden_code's copyable code in 0 of 8 tuning runs, with both in 7 of 8 (issue 48,
+# docs/log.md 2026-12-05): one reflection per group is written for another attempt of the
+# group, so the feedback is the one text about the retry's own mistake.
+DEFAULT_RETRY_PROMPT = (
+    "{prompt}\n\nFeedback on your attempt: {feedback}\n\n"
+    "Advice from a previous attempt: {reflection}"
+)
 REFLECTION_PLACEHOLDERS = ("prompt", "attempt", "feedback", "reward", "memory")
 # {feedback} in a retry template: the feedback on the retry's own first attempt (ERLStep then
 # asks the feedback function for every gated attempt, not only for the reflecting ones).
@@ -115,6 +122,13 @@ def retry_prompt(prompt: Any, template: str, reflection: str, feedback: str = ""
     *context, last = prompt
     text = template.format(prompt=last["content"], reflection=reflection, feedback=feedback)
     return [*context, {**last, "content": text}]
+
+
+def without_reflection(template: str, feedback: str) -> tuple[str, str]:
+    """A retry template's ({reflection}, {feedback}) where no reflection was written (the
+    raw-feedback baseline): the attempt's own feedback, shown once, where {feedback} stands
+    when the template names it (the default does), else as the {reflection}."""
+    return ("", feedback) if "feedback" in template_fields(template) else (feedback, feedback)
 
 
 def task_prompt(row: dict) -> Any:

@@ -56,6 +56,7 @@ from pipeline.erl.prompts import (
     retry_prompt,
     task_prompt,
     template_fields,
+    without_reflection,
 )
 
 NO_FEEDBACK = "No feedback available; the reward was below the target."
@@ -282,7 +283,7 @@ class ERLStep:
             lessons = feedback
         per_retry = self._lessons_per_retry(processes, plan, lessons)
         retries, r2, shown_prompts = self._retry(
-            backend, chosen, per_retry, own or [""] * len(per_retry)
+            backend, chosen, self._reflections_shown(per_retry), own or [""] * len(per_retry)
         )
         # A retry no reward function could score (all None -> NaN) carries no signal, as in GRPO.
         scored = [ok and r == r for ok, r in zip(chosen.valid, r2.tolist())]
@@ -425,6 +426,13 @@ class ERLStep:
     def _retries_read_feedback(self) -> bool:
         s = self.settings
         return not s.enable_reflection or "feedback" in template_fields(s.retry_system_prompt)
+
+    def _reflections_shown(self, lessons: list[str]) -> list[str]:
+        """The retry template's {reflection} per retry: the lesson, or without a reflection
+        the feedback as `without_reflection` places it."""
+        if self.settings.enable_reflection:
+            return lessons
+        return [without_reflection(self.settings.retry_system_prompt, f)[0] for f in lessons]
 
     def _feedback(self, backend, first: FirstAttempts, chosen: Gated) -> list[str]:
         environments = first.environments
