@@ -40,7 +40,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  #
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from curriculum.tasks import get_task  # noqa: E402
-from pipeline import ERLConfig, ERLTrainer  # noqa: E402
+from pipeline import ERLConfig  # noqa: E402
 from pipeline.erl.memory import PAPER_POLICY, ReflectionMemory  # noqa: E402
 from pipeline.erl.step import retry_advantages  # noqa: E402
 from pipeline.evaluate.first_attempts import (  # noqa: E402
@@ -48,6 +48,7 @@ from pipeline.evaluate.first_attempts import (  # noqa: E402
     generate_completions,
     score_completions,
 )
+from pipeline.run.methods import CountingERLTrainer  # noqa: E402
 from rewards import Scorer, build_feedback_func, build_reward_funcs  # noqa: E402
 
 BENCH_SCHEMA = 4
@@ -518,22 +519,10 @@ def run_key(
 # Training -----------------------------------------------------------------------------------
 
 
-class CountingERL(ERLTrainer):
-    """ERLTrainer that counts the tokens it generates (first attempts, reflections, retries)."""
-
-    generated_tokens = 0
-
-    def _generate_single_turn(self, *args, **kwargs):
-        completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)
-        if self.model.training:  # not the held-out evaluation
-            self.generated_tokens += sum(len(ids) for ids in completion_ids)
-        return completion_ids, logprobs
-
-
 def counting_sdpo():
     """The product's SDPO trainer (`pipeline.sdpo.trainer.FeedbackSDPOTrainer`): TRL's
     SDPOTrainer that counts its generated tokens, keeps its first attempts' rewards, as
-    CountingERL does, and, given `rollout_feedback=feedback_func`, gives the teacher each
+    CountingERLTrainer does, and, given `rollout_feedback=feedback_func`, gives the teacher each
     rollout's own feedback (imported on first use: trl.experimental warns on import)."""
     from pipeline.sdpo.trainer import FeedbackSDPOTrainer
 
@@ -728,7 +717,7 @@ def train_one(
             rollout_feedback=feedback_func if spec.context == "feedback" else None,
         )
     else:
-        trainer = CountingERL(
+        trainer = CountingERLTrainer(
             model=model,
             args=args,
             train_dataset=Dataset.from_list(rows),

@@ -142,7 +142,7 @@ def test_the_trainers_build_the_same_scheduler(tiny_model_dir, arithmetic_datase
                 processing_class=tokenizer,
             )  # fmt: skip
         else:
-            trainer = arms.CountingERL(
+            trainer = arms.CountingERLTrainer(
                 model=model, args=args, train_dataset=rows, reward_funcs=reward_funcs,
                 feedback_func=feedback, processing_class=tokenizer,
             )  # fmt: skip

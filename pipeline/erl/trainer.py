@@ -25,7 +25,7 @@ import copy
 import json
 import logging
 import os
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,6 +84,7 @@ from pipeline.models.quantization import (  # noqa: E402
     undo_qlora_bf16_cast,
 )
 from pipeline.models.vllm_colocate import fix_cpu_weight_sync  # noqa: E402
+from rewards.first_attempts import FirstAttemptLog  # noqa: E402
 from rewards.weights import weighted_reward  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
@@ -183,15 +184,11 @@ class ERLTrainer(GRPOTrainer):
         self._retry_pool: dict[str | None, list] = {}
         self._captured: list[FirstAttempts] | None = None  # open during the base's generation
         # Bounded: only a consumer such as the curriculum callback empties it.
-        self._first_attempt_log: deque[tuple[float, dict]] = deque(
-            maxlen=64 * args.generation_batch_size
-        )
+        self._first_attempt_log = FirstAttemptLog(64 * args.generation_batch_size)
 
     def pop_first_attempts(self) -> list[tuple[float, dict]]:
         """(r1, dataset row) of every first attempt since the last call (this process's rows)."""
-        log = list(self._first_attempt_log)
-        self._first_attempt_log.clear()
-        return log
+        return self._first_attempt_log.pop()
 
     # Hooks into GRPOTrainer ------------------------------------------------------------
 
@@ -219,7 +216,7 @@ class ERLTrainer(GRPOTrainer):
             self._captured = None
         if not training:
             return output  # evaluation sees first attempts only
-        self._first_attempt_log.extend(zip(first.rewards.tolist(), first.rows))
+        self._first_attempt_log.extend(first.rewards.tolist(), first.rows)
         packed = unsloth_trainer_active()
         self.budget.reference_tokens = reference_tokens(
             output, self._tokenizer.pad_token_id, self.args.per_device_train_batch_size, packed

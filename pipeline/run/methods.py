@@ -16,7 +16,6 @@ after the backend is active (`activate_backend`), like ERLTrainer.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from pipeline.models.backend import activate_backend, check_trainer_base, unsloth_trainer_active
@@ -32,6 +31,7 @@ from pipeline.models.quantization import (  # noqa: E402
     undo_qlora_bf16_cast,
 )
 from pipeline.models.vllm_colocate import fix_cpu_weight_sync, shared_engine  # noqa: E402
+from rewards.first_attempts import FirstAttemptLog  # noqa: E402
 from rewards.weights import weighted_reward  # noqa: E402
 
 METHOD_NAMES = {"grpo": "GRPO", "erl": "ERL", "sdpo": "SDPO"}
@@ -62,15 +62,11 @@ class RunGRPOTrainer(GRPOTrainer):
             undo_qlora_bf16_cast(self.model)  # as ERLTrainer does (pipeline.models.quantization)
         self.generated_tokens = 0
         self._scoring_training_batch = False
-        self._first_attempt_log: deque[tuple[float, dict]] = deque(
-            maxlen=64 * self.args.generation_batch_size  # only the run's callback empties it
-        )
+        self._first_attempt_log = FirstAttemptLog(64 * self.args.generation_batch_size)
 
     def pop_first_attempts(self) -> list[tuple[float, dict]]:
         """(reward, dataset row) of every first attempt since the last call (this process's)."""
-        log = list(self._first_attempt_log)
-        self._first_attempt_log.clear()
-        return log
+        return self._first_attempt_log.pop()
 
     def _generate_and_score_completions(self, inputs):
         # Read the mode first: Unsloth's version of the call puts the model in training mode.
@@ -94,7 +90,7 @@ class RunGRPOTrainer(GRPOTrainer):
             n = rewards_per_func.size(0) // self.accelerator.num_processes  # gathered rows
             local = rewards_per_func[self.accelerator.process_index * n :][:n]
             rewards = weighted_reward(local, self.reward_weights)
-            self._first_attempt_log.extend(zip(rewards.tolist(), inputs))
+            self._first_attempt_log.extend(rewards.tolist(), inputs)
         return rewards_per_func
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

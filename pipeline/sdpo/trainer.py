@@ -32,6 +32,7 @@ with warnings.catch_warnings():  # trl.experimental warns on import that it is e
 
 from pipeline.models.quantization import record_base_quantization, undo_qlora_bf16_cast  # noqa: E402
 from pipeline.models.vllm_colocate import fix_cpu_weight_sync  # noqa: E402
+from rewards.first_attempts import FirstAttemptLog  # noqa: E402
 from rewards.weights import weighted_reward  # noqa: E402
 
 FeedbackFunc = Callable[..., list[str]]
@@ -96,7 +97,7 @@ class FeedbackSDPOTrainer(SDPOTrainer):
             student = self.accelerator.unwrap_model(self.model).state_dict()
             self.accelerator.unwrap_model(self.teacher_model).load_state_dict(student)
         self.generated_tokens = 0
-        self._first_attempt_log: list[tuple[float, dict]] = []
+        self._first_attempt_log = FirstAttemptLog(64 * self.args.generation_batch_size)
         self.rollout_feedback, self._feedback = rollout_feedback, None
         if rollout_feedback is not None:
             self.teacher_context_builder = _RolloutFeedbackTeacher(self)
@@ -112,7 +113,7 @@ class FeedbackSDPOTrainer(SDPOTrainer):
         start = self.accelerator.process_index * len(prompts)  # the rewards are gathered
         total = weighted_reward(rewards, self.reward_weights)[start : start + len(prompts)].tolist()
         if self.model.training:
-            self._first_attempt_log.extend(zip(total, inputs))
+            self._first_attempt_log.extend(total, inputs)
         if self.rollout_feedback is not None:
             columns = {
                 k: [row[k] for row in inputs]
@@ -138,8 +139,7 @@ class FeedbackSDPOTrainer(SDPOTrainer):
 
     def pop_first_attempts(self) -> list[tuple[float, dict]]:
         """(reward, dataset row) of every rollout since the last call (this process's)."""
-        log, self._first_attempt_log = self._first_attempt_log, []
-        return log
+        return self._first_attempt_log.pop()
 
     def train(self, *args: Any, **kwargs: Any):
         """SDPOTrainer's training; then the EMA teacher's adapter (LoRA) leaves the model, so
