@@ -27,10 +27,11 @@
   wrong letter's digit ("Q means 3"), so a lesson can be copied: the positive control.
   `--rules LEVEL:RULE_SEED` (levels 1 and 2; the rule seed picks the code); held-out
   prompts are combinations never trained on. Partial credit per letter (0.2) beside
-  correctness (0.8). Arms: grpo, grpo_matched, erl_defaults, erl_paper,
-  raw_feedback_retry (ERL with no reflection: each retry reads its own raw feedback) and
-  sdpo_mixed. Its warm-up first trains copies and lookups alone (`--copy_steps`): the tiny
-  model learns to copy from its prompt only through a phase change (bench/copy_phase.py).
+  correctness (0.8). Arms: grpo, erl_defaults, raw_feedback_retry (ERL with no
+  reflection: each retry reads its own raw feedback) and sdpo_mixed, up to 300 steps,
+  each run stopped where the curriculum would promote it (`--promote`). Its warm-up first
+  trains copies and lookups alone (`--copy_steps`): the tiny model learns to copy from its
+  prompt only through a phase change (bench/copy_phase.py).
 - arithmetic: level-1 sums with a binary reward and the reveal feedback ("The correct answer
   is 8."): each lesson is a fact about one prompt, and the held-out prompts reuse the sums.
 
