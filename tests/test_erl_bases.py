@@ -380,7 +380,8 @@ def test_reflections_and_retries_generate_within_the_memory_budget(
     generate calls holds at most the memory budget (its estimated bytes against
     peak_memory_factor x GRPO's loss forward), as many rows as fit: with the default factor
     a couple of calls for 2 x 8 rows (the old token rule made one call per row here), with a
-    tiny one a row per call; erl/generate_calls logs how many."""
+    tiny one a row per call; erl/generate_calls logs how many. (Since issue 48 the default
+    retry prompt also holds the attempt's feedback, so retries may take two calls.)"""
     args = make_args(
         reward_threshold=2.0, per_device_train_batch_size=8, peak_memory_factor=factor,
         reflections_per_group=0,  # a reflection for every row
@@ -404,8 +405,8 @@ def test_reflections_and_retries_generate_within_the_memory_budget(
     over = [c for c in erl if estimate.generate_call(*c) > budget and c[0] > 1]
     assert not over, (budget, erl)
     assert trainer._metrics["train"]["erl/generate_calls"] == [len(erl)]
-    if factor == 1.5:
-        assert len(erl) <= 4, erl
+    if factor == 1.5:  # at least 3 rows a call on average (the old token rule: 1)
+        assert 3 * len(erl) <= 2 * 8, erl
     else:
         assert all(rows == 1 for rows, _, _ in erl)
 
