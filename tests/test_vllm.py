@@ -43,6 +43,15 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # downcasts float32): per token its log-prob differs from the trainer's by about 1e-3 on the
 # tiny model, up to ~1e-2 after large updates. A skipped sync differs by nats.
 TOLERANCE = 0.05
+# On a CPU with AMX (seen on an Intel Xeon, 2026-12-06) the engine samples from stale weights
+# after the first update: the in-place reload does not take (the log-prob difference is
+# 0.002 at step 1, 1.15 at step 2; cause not found, vLLM's AMX-packed layers suspected). The
+# tests that check the sync are expected to fail there, strictly: the day they pass, this
+# mark goes (docs/limitations.md).
+CPU_FLAGS = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+STALE_ON_AMX = pytest.mark.xfail(
+    "amx_bf16" in CPU_FLAGS, reason="the engine's weights do not sync on an AMX CPU", strict=True
+)
 TWO_HEADS = {"num_attention_heads": 2, "num_key_value_heads": 2}  # head_dim 32
 
 
@@ -137,6 +146,7 @@ def trainer_on(policy, tmp_path, **overrides) -> ERLTrainer:
         )
 
 
+@STALE_ON_AMX
 @pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
 def test_every_phase_samples_from_the_engine_and_each_step_syncs(
     policy, tmp_path, mode, monkeypatch
@@ -207,6 +217,7 @@ def agent_reward(completions, attempt=None, **kwargs) -> list[float]:
     return first_reward(completions, attempt)
 
 
+@STALE_ON_AMX
 def test_episodes_through_the_engine_leave_tool_results_out_of_the_ratio(
     tmp_path_factory, monkeypatch
 ):
