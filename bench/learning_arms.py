@@ -39,6 +39,7 @@ from learning_steps import STEPS  # noqa: E402  (bench/, the script's own folder
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
+from curriculum.controller import CurriculumConfig, promotion_reached  # noqa: E402
 from curriculum.tasks import get_task  # noqa: E402
 from pipeline import ERLConfig  # noqa: E402
 from pipeline.erl.memory import PAPER_POLICY, ReflectionMemory  # noqa: E402
@@ -582,10 +583,11 @@ def recording_retry_advantages(groups, r1, r2, valid, scale):
 
 
 def reaches(rewards: list[float], threshold: float, window: int) -> bool:
-    """The curriculum controller's promotion rule: the mean of the last `window` scored
-    first-attempt rewards is at least `threshold` (and there are that many)."""
-    recent = rewards[-window:]
-    return len(recent) >= window and sum(recent) / len(recent) >= threshold
+    """The curriculum controller's promotion rule (`promotion_reached`, no minimum of
+    steps): the mean of the last `window` scored first-attempt rewards is at least
+    `threshold`, and there are that many."""
+    config = CurriculumConfig(promote_threshold=threshold, promote_window=window, min_stage_steps=0)
+    return promotion_reached(rewards, 0, config)
 
 
 class Recorder(TrainerCallback):
