@@ -129,7 +129,7 @@ def one_batch(tool_model_dir, tmp_path):
 def test_a_retry_is_a_fresh_episode_reset_with_its_first_attempts_row(one_batch):
     trainer, batch, seen, output = one_batch
     first_pool = {id(e) for e in trainer._environment_pool[None]}
-    retry_pool = {id(e) for e in trainer._retry_pool[None]}
+    retry_pool = {id(e) for e in trainer._backend.episodes.pool[None]}
     assert first_pool.isdisjoint(retry_pool)  # the first attempts' stay as they ended
     first = [target for instance, target in RecordingGuessEnv.resets if instance in first_pool]
     retried = [target for instance, target in RecordingGuessEnv.resets if instance in retry_pool]
@@ -352,7 +352,7 @@ def test_standalone_tools_run_in_the_retries_too(tool_model_dir, tmp_path):
     tool_mask = output["tool_mask"].tolist()
     assert any(0 in tool_mask[i] for i in range(2 * n, 3 * n)), "no retry called the tool"
     assert trainer._metrics["train"]["erl/retry_tool_calls"][-1] > 0
-    assert trainer._retry_pool == {}  # no environment to reset
+    assert trainer._backend.episodes.pool == {}  # no environment to reset
 
 
 class OtherGuessEnv(RecordingGuessEnv):
@@ -374,7 +374,7 @@ def test_a_dict_of_factories_gives_each_retry_its_rows_environment(tool_model_di
         environment_factory={"a": RecordingGuessEnv, "b": OtherGuessEnv},
     )
     batch, _ = first_generation_batch(trainer)
-    pools = trainer._retry_pool
+    pools = trainer._backend.episodes.pool
     assert {type(e) for e in pools["a"]} == {RecordingGuessEnv}
     assert {type(e) for e in pools["b"]} == {OtherGuessEnv}
     by_instance = {id(e): name for name, pool in pools.items() for e in pool}
@@ -397,7 +397,7 @@ def test_an_environment_without_tools_sets_the_retries_up_too(tool_model_dir, tm
     trainer = agent_trainer(tool_model_dir, tmp_path, ToollessEnv)
     batch, output = first_generation_batch(trainer)
     assert trainer.tools == [] and "tool_mask" not in output
-    (environments,) = trainer._retry_pool.values()
+    (environments,) = trainer._backend.episodes.pool.values()
     assert sorted(e.target for e in environments) == sorted(row["target"] for row in batch)
     assert output["prompt_ids"].size(0) == 4 * len(batch)  # reflections, retries, copies
 

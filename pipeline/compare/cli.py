@@ -54,19 +54,26 @@ def compare(argv: list[str]) -> int:
     config = parse_compare_options(own, user_argv)
     methods = tuple(config.method_list())
     run, _, curriculum, args = parse_run_config(user_argv, options_for=methods)
-    from pipeline.compare import report
-    from pipeline.compare.runs import (
-        Recorder,
-        budget_settings,
-        ensure_warmup,
-        held_out_evaluator,
-        plan_runs,
-        read_record,
-        run_argv,
-        train_run,
-        warmup_folder,
-    )
-    from pipeline.evaluate.run_folder import stage_eval_weights
+    task, level, root = _check_comparison(run, curriculum, args, methods, user_argv)
+    specs, argvs, settings, finished = _plan(config, args, root, user_argv, backend, methods)
+
+    # ---- The shared warm-up, then the runs, seed by seed: one comparison writes the folder.
+    from pipeline.layout import RunLayout
+    from pipeline.models.threads import use_cpu_threads
+    from pipeline.run.lock import hold_output_dir
+
+    hold_output_dir(RunLayout(root), resume=False)
+    # One thread unless asked otherwise, as the learning bench and the tests use: the runs'
+    # seconds stay comparable whatever else the machine does (pipeline.models.threads).
+    if threads := use_cpu_threads(run.threads, default=1):
+        print(threads)
+    records = _train_runs(specs, argvs, settings, finished, config, run, args, task, level,
+                          root, user_argv, methods)  # fmt: skip
+    return _report(records, specs, config, curriculum, run, task, level, root, methods)
+
+
+def _check_comparison(run, curriculum, args, methods, user_argv):
+    """What a comparison cannot run, refused: (task, the held-out prompts' level, folder)."""
     from pipeline.options import check_output_path, check_task, named_options
     from pipeline.run.checks import check_agent_task, check_levels
     from pipeline.run.distributed import launched_processes
@@ -88,10 +95,16 @@ def compare(argv: list[str]) -> int:
     root = Path(args.output_dir if given else f"{str(args.output_dir).rstrip('/')}-compare")
     check_output_path(root, "--output_dir")
     _check_not_a_run(root)
-    specs = plan_runs(config, args.seed, args.learning_rate, root)
+    return task, level, root
 
-    # ---- Every run's options, checked before anything is written; a finished run is read
-    # back only if it was trained with exactly these.
+
+def _plan(config, args, root: Path, user_argv, backend, methods):
+    """Every run's options, checked before anything is written; a finished run is read
+    back only if it was trained with exactly these: (specs, argv per spec, budget settings
+    per spec, finished records per spec)."""
+    from pipeline.compare.runs import budget_settings, plan_runs, read_record, run_argv
+
+    specs = plan_runs(config, args.seed, args.learning_rate, root)
     finished, settings, argvs = {}, {}, {}
     for spec in specs:
         argvs[spec] = run_argv(user_argv, spec, config)
@@ -101,20 +114,24 @@ def compare(argv: list[str]) -> int:
         if record is not None:
             _check_read_back(spec, record, settings[spec], options)
             finished[spec] = record
+    return specs, argvs, settings, finished
 
-    # ---- The shared warm-up, then the runs, seed by seed: one comparison writes the folder.
-    from pipeline.layout import RunLayout
-    from pipeline.run.lock import hold_output_dir
 
-    hold_output_dir(RunLayout(root), resume=False)
-    from pipeline.models.threads import use_cpu_threads
-
-    # One thread unless asked otherwise, as the learning bench and the tests use: the runs'
-    # seconds stay comparable whatever else the machine does (pipeline.models.threads).
-    if threads := use_cpu_threads(run.threads, default=1):
-        print(threads)
+def _train_runs(specs, argvs, settings, finished, config, run, args, task, level, root,
+                user_argv, methods) -> dict:  # fmt: skip
+    """Each run not yet finished, after the shared warm-up (made once, when first needed),
+    under one progress bar: spec -> record."""
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from pipeline.compare.runs import (
+        Recorder,
+        ensure_warmup,
+        held_out_evaluator,
+        train_run,
+        warmup_folder,
+    )
+    from pipeline.evaluate.run_folder import stage_eval_weights
 
     records = {}
     start = None
@@ -150,8 +167,14 @@ def compare(argv: list[str]) -> int:
             )
             records[spec] = train_run(spec, argvs[spec], start, recorder, settings[spec], methods)
             bar.update(1)
+    return records
 
-    # ---- The figures, comparison.json and comparison.png.
+
+def _report(records, specs, config, curriculum, run, task, level, root: Path, methods) -> int:
+    """The figures, comparison.json and comparison.png; 1 when a run failed or fewer than
+    two methods finished one."""
+    from pipeline.compare import report
+
     ok = {m: [r for s, r in records.items() if s.method == m and not r["error"]] for m in methods}
     failed = [r for r in records.values() if r["error"]]
     ran = {m: rs for m, rs in ok.items() if rs}

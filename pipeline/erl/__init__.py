@@ -3,7 +3,10 @@
     config.py           ERLConfig: GRPOConfig plus ERL's options
     step.py             the ERL step: gate, feedback, reflect, retry, credit, remember, new
                         rows, against a small interface (no trl, no transformers)
-    trainer.py          ERLTrainer: the adapter to TRL (hooks, generation, guards, save/load)
+    trainer.py          ERLTrainer: the adapter to TRL (hooks, generation, save/load)
+    step_backend.py     the step's interface over the trainer (generate, score, feedback)
+    episodes.py         a retry's episode through TRL's tool loop, its own environments
+    guards.py           what ERLTrainer cannot train, refused before the base is built
     batch.py            ERL's rows in the base trainer's batch layout
     loss.py             a merged chunk's loss in micro-batches
     upstream.py         every hand copy of TRL / transformers code ERL relies on

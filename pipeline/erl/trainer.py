@@ -8,11 +8,13 @@ is `pipeline.erl.step`, written against a small interface; this module is the gl
   merges its rows into GRPO's batch (`pipeline.erl.batch`), and `compute_loss` trains a
   merged chunk in micro-batches (`pipeline.erl.loss`), sized by the memory budget
   (`pipeline.erl.budget`);
-- `_Backend`, the step's interface over the trainer: TRL's own single-turn generation
-  (vLLM/Unsloth fast generation included) in as few calls as the budget allows, and with
-  tools or environments TRL's own tool loop for a retry's episode; its reward functions,
-  tokenizer and the accelerator's collectives;
-- the guards (what ERL cannot train), and save/load of the reflection memory.
+- the step's interface over the trainer (`pipeline.erl.step_backend`): TRL's own
+  single-turn generation (vLLM/Unsloth fast generation included) in as few calls as the
+  budget allows, and with tools or environments TRL's own tool loop for a retry's episode
+  (`pipeline.erl.episodes`); its reward functions, tokenizer and the accelerator's
+  collectives;
+- the guards (what ERL cannot train: `pipeline.erl.guards`), and save/load of the
+  reflection memory.
 
 Evaluation never reflects: deployment sees first attempts only. The class is defined at
 import, after `activate_backend()`: with Unsloth (on a GPU, or on a CPU with the opt-in)
@@ -21,10 +23,8 @@ the base is Unsloth's generated GRPOTrainer (it rebinds `trl.GRPOTrainer`).
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,42 +42,21 @@ from pipeline.models.backend import (
 activate_backend()  # before trl: on a GPU, Unsloth rebinds trl.GRPOTrainer
 
 import torch  # noqa: E402
-from accelerate.utils import gather_object  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from curriculum.tasks.base import prompt_key  # noqa: E402
-from pipeline.erl.batch import (  # noqa: E402
-    INERT_KEY,
-    NewRows,
-    completion_layout,
-    loss_mask,
-    merge_rows,
-    pad_rows,
-)
+from pipeline.erl.batch import INERT_KEY, NewRows, merge_rows  # noqa: E402
 from pipeline.erl.budget import MemoryModel, StepBudget  # noqa: E402
 from pipeline.erl.config import ERLConfig  # noqa: E402
 from pipeline.erl.experience import ExperienceLog  # noqa: E402
-from pipeline.erl.interface import Attempts, FirstAttempts, Generated  # noqa: E402
+from pipeline.erl.guards import refuse_feedback_methods, refuse_unsupported  # noqa: E402
+from pipeline.erl.interface import FirstAttempts, Generated  # noqa: E402
 from pipeline.erl.loss import chunk_entropy_mask, merged_chunk_loss  # noqa: E402
 from pipeline.erl.memory import ReflectionMemory  # noqa: E402
 from pipeline.erl.micro_batches import reference_tokens, split_plan  # noqa: E402
-from pipeline.erl.prompts import as_completion, task_prompt  # noqa: E402
-from pipeline.erl.step import (  # noqa: E402
-    ERLStep,
-    RetryAdvantages,
-    call_feedback,
-    refuse_feedback_method,
-    retry_advantages,
-)
-from pipeline.erl.upstream import (  # noqa: E402
-    first_turns,
-    reference_logps,
-    render_prompt,
-    reset_arguments,
-    rollout_tools,
-    trainable_completions,
-    with_observation,
-)
+from pipeline.erl.step import ERLStep, RetryAdvantages, retry_advantages  # noqa: E402
+from pipeline.erl.step_backend import TrainerStepBackend  # noqa: E402
+from pipeline.erl.upstream import reference_logps  # noqa: E402
 from pipeline.models.loading import add_mode_switches  # noqa: E402
 from pipeline.models.quantization import (  # noqa: E402
     record_base_quantization,
@@ -93,14 +72,6 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "erl_state.json"
 """In a checkpoint, what a resumed ERL step continues from besides the memory: its counts
 (reflections written, the memory's outcomes) and what its memory budget measured."""
-
-# Unsloth options that add batch keys (sample weights, rollout log-probs as old) that ERL's
-# rows would have to carry; refused up front rather than at the first gated batch.
-_UNSLOTH_BATCH_OPTIONS = (
-    "UNSLOTH_GRPO_ZERO_VARIANCE_EXCLUDE",
-    "UNSLOTH_GRPO_LOSS_AGGREGATION",
-    "UNSLOTH_GRPO_ROLLOUT_LOGPROBS_AS_OLD",
-)
 
 
 class ERLTrainer(GRPOTrainer):
@@ -140,13 +111,13 @@ class ERLTrainer(GRPOTrainer):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = ERLConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-ERL")
-        _refuse_unsupported(model, args, feedback_func, memory, kwargs)
+        refuse_unsupported(model, args, feedback_func, memory, kwargs)
         if not isinstance(model, str):
             add_mode_switches(model)  # before the base's __init__, which reads the precision mark
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         fix_cpu_weight_sync(self)  # TRL's vLLM sync fails on a CPU (pipeline.models.vllm_colocate)
         if feedback_func is None and self.environment_factories is not None:
-            _refuse_feedback_methods(self._environment_pool)
+            refuse_feedback_methods(self._environment_pool)
         if not unsloth_trainer_active():
             # TRL's __init__ casts a quantized model's adapter to bf16, which freezes lora_A at
             # small learning rates and makes a resume come back in float32; Unsloth's trainer
@@ -176,12 +147,10 @@ class ERLTrainer(GRPOTrainer):
             packed=unsloth_trainer_active(),
             measure=_can_measure(self.accelerator.device),
         )
-        self._backend = _Backend(self)
+        # The step's interface over this trainer; with tools or environments it plays the
+        # retries' episodes (`backend.episodes`: their own environments and tool calls).
+        self._backend = TrainerStepBackend(self)
         self._generate_calls = 0  # reflection and retry generate calls since the last log
-        self._retry_tool_calls = 0  # tool calls of retry episodes since the last log
-        # Retries' environments, apart from TRL's pool so that the first attempts' stay as
-        # their episodes left them; made once and reset per retry, as TRL's are.
-        self._retry_pool: dict[str | None, list] = {}
         self._captured: list[FirstAttempts] | None = None  # open during the base's generation
         # Bounded: only a consumer such as the curriculum callback empties it.
         self._first_attempt_log = FirstAttemptLog(64 * args.generation_batch_size)
@@ -232,8 +201,9 @@ class ERLTrainer(GRPOTrainer):
         metrics["erl/generate_calls"].append(float(self._generate_calls))
         self._generate_calls = 0
         if self._backend.episodic:
-            metrics["erl/retry_tool_calls"].append(float(self._retry_tool_calls))
-            self._retry_tool_calls = 0
+            episodes = self._backend.episodes
+            metrics["erl/retry_tool_calls"].append(float(episodes.tool_calls))
+            episodes.tool_calls = 0
         return output
 
     def _merge_rows(self, output: dict, rows: NewRows) -> dict:
@@ -348,117 +318,19 @@ class ERLTrainer(GRPOTrainer):
                 with self.budget.generate_call(len(rows), longest, span):
                     yield rows
 
-    def _episodes(self, rows: list[dict], prompts: list) -> Attempts:
-        """One episode per row from `prompts` (the retry prompts) through TRL's tool loop,
-        at its turn limit: in a fresh environment reset with the row (its text appended to
-        the prompt, as TRL does), with the tools the row's rollout may call."""
-        environments = self._retry_environments(rows)
-        tasks = [task_prompt(row) for row in rows]
-        prompts = copy.deepcopy(prompts)
-        if environments is not None:
-            for i, (environment, row) in enumerate(zip(environments, rows)):
-                text = environment.reset(**reset_arguments(row, self._multi_environment))
-                prompts[i] = with_observation(prompts[i], text)
-                tasks[i] = with_observation(tasks[i], text)
-        prompt_ids = self._prompt_ids(prompts, rows)
-        length = self.max_completion_length
-        completion_ids: list = [None] * len(rows)
-        logprobs: list = [None] * len(rows)
-        completions: list = [None] * len(rows)
-        tool_masks: list = [None] * len(rows)
-        # A turn after a tool result continues from up to `length` completion tokens and
-        # may generate `length` more: the budget plans each call for both.
-        for chunk in self._generation_calls(prompt_ids, length, span=2 * length):
-            ids, lps = self._generate_single_turn([prompt_ids[i] for i in chunk], None, {}, 1)
-            ids = [list(c) for c in ids]
-            turns = first_turns(self, [prompt_ids[i] for i in chunk], ids)
-            masks = None
-            if self.tools:
-                tools = [rollout_tools(self._standalone_tools, _at(environments, i)) for i in chunk]
-                masks, turns, ids, lps = self._tool_loop(
-                    [copy.deepcopy(prompts[i]) for i in chunk],
-                    [prompt_ids[i] for i in chunk],
-                    ids,
-                    turns,
-                    lps,
-                    tools,
-                )
-            for j, i in enumerate(chunk):
-                completion_ids[i], completions[i] = ids[j], turns[j]
-                logprobs[i] = list(lps[j]) if lps is not None else None
-                tool_masks[i] = list(masks[j]) if masks is not None else None
-        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        generated = Generated(prompt_ids, completion_ids, texts, logprobs)
-        return Attempts(generated, tasks, completions, tool_masks, environments)
-
-    def _tool_loop(self, prompts, prompt_ids, completion_ids, turns, logprobs, tools):
-        """TRL's tool loop over these rollouts, with their tools in the per-rollout tool
-        dicts it reads (the first attempts' are put back after)."""
-        saved = getattr(self, "_sync_tool_dicts", None), getattr(self, "_async_tool_dicts", None)
-        self._sync_tool_dicts = [sync for sync, _ in tools]
-        self._async_tool_dicts = [asynchronous for _, asynchronous in tools]
-        try:
-            masks, turns, completion_ids, logprobs, calls, *_ = self._tool_call_loop(
-                prompts, prompt_ids, completion_ids, turns, logprobs, None, {}
-            )
-        finally:
-            self._sync_tool_dicts, self._async_tool_dicts = saved
-        self._retry_tool_calls += calls
-        return masks, turns, completion_ids, logprobs
-
-    def _retry_environments(self, rows: list[dict]) -> list | None:
-        """One environment per row from the retries' own pool (None without a factory)."""
-        if self.environment_factories is None:
-            return None
-        handed: dict[str | None, int] = {}
-        environments = []
-        for row in rows:
-            name = self._environment_name(row)
-            pool = self._retry_pool.setdefault(name, [])
-            index = handed.get(name, 0)
-            if index == len(pool):
-                pool.append(self.environment_factories[name]())
-            handed[name] = index + 1
-            environments.append(pool[index])
-        return environments
-
     def _prompt_ids(self, prompts: list, rows: list[dict] | None = None) -> list[list[int]]:
         """The token ids TRL feeds the policy for each prompt (its chat template), each
         distinct prompt tokenized once: the retries of a shared reflection repeat one.
 
         With tools or environments, a prompt of a task's `rows` shows the tools its rollout
-        may call (its environment's), and one without rows (a reflection) shows none."""
+        may call (`pipeline.erl.episodes.RetryEpisodes.prompt_ids`)."""
         if not self.tools and self.environment_factories is None:
             keys = [prompt_key(prompt) for prompt in prompts]
             distinct = {key: prompt for key, prompt in zip(keys, prompts)}
             ids, _, _ = self._tokenize_prompts(list(distinct.values()))
             by_key = dict(zip(distinct, ids))
             return [list(by_key[key]) for key in keys]  # a list of its own per row
-        names = (
-            [self._environment_name(row) for row in rows]
-            if rows is not None
-            else [False] * len(prompts)  # no tools shown
-        )
-        rendered: dict[tuple, list[int]] = {}
-        result = []
-        for prompt, name in zip(prompts, names):
-            key = (prompt_key(prompt), name)
-            if key not in rendered:
-                tools = None if name is False else self._tools_of(name)
-                rendered[key] = render_prompt(self, prompt, tools)
-            result.append(list(rendered[key]))
-        return result
-
-    def _environment_name(self, row: dict):
-        """The name of a row's environment (None: the one environment, or none), which
-        decides the tools its rollout is shown."""
-        return row.get("environment") if self._multi_environment else None
-
-    def _tools_of(self, name) -> list:
-        """The tools shown to a rollout of environment `name` (TRL's per-example schema)."""
-        if self.environment_factories is not None:
-            return self._env_tools[name]
-        return self.tools
+        return self._backend.episodes.prompt_ids(prompts, rows)
 
     @contextmanager
     def _generation_length(self, max_new_tokens: int) -> Iterator[None]:
@@ -499,152 +371,6 @@ class ERLTrainer(GRPOTrainer):
         n = gathered.size(0) // self.accelerator.num_processes
         start = self.accelerator.process_index * n
         return gathered[start : start + n]
-
-
-def _at(items: list | None, index: int):
-    """`items[index]`, or None without items."""
-    return None if items is None else items[index]
-
-
-class _Processes:
-    """The ERL step's collectives (`pipeline.erl.interface.Processes`) over the accelerator."""
-
-    def __init__(self, accelerator) -> None:
-        self.accelerator = accelerator
-        self.count, self.index = accelerator.num_processes, accelerator.process_index
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.accelerator.gather(tensor)
-
-    def gather_object(self, items: list) -> list:
-        return gather_object(items) if self.count > 1 else list(items)
-
-    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.accelerator.reduce(tensor, reduction="sum")
-
-
-class _Backend:
-    """The ERL step's interface (`pipeline.erl.interface.StepBackend`) over an ERLTrainer."""
-
-    def __init__(self, trainer: ERLTrainer) -> None:
-        self.trainer = trainer
-        self.processes = _Processes(trainer.accelerator)
-        self.episodic = bool(trainer.tools) or trainer.environment_factories is not None
-
-    def generate(self, prompts: list, max_new_tokens: int) -> Generated:
-        return self.trainer._generate_rows(prompts, max_new_tokens)
-
-    def attempt(self, rows: list[dict], prompts: list) -> Attempts:
-        trainer = self.trainer
-        if self.episodic:
-            return trainer._episodes(rows, prompts)
-        generated = trainer._generate_rows(prompts, trainer.max_completion_length)
-        tasks = [task_prompt(row) for row in rows]
-        completions = [as_completion(task, text) for task, text in zip(tasks, generated.texts)]
-        return Attempts(generated, tasks, completions, [None] * len(rows))
-
-    def score(self, rows, prompts, completions, completion_ids, environments=None):
-        trainer = self.trainer
-        # The reward functions (an environment's get_reward among them) read the retries'
-        # environments where TRL keeps the first attempts'.
-        saved, trainer.environments = trainer.environments, environments
-        try:
-            rewards = trainer._calculate_rewards(rows, prompts, completions, completion_ids)
-        finally:
-            trainer.environments = saved
-        # That call queued completion-table columns and metrics for these rows; GRPO already
-        # flushed the first attempts', and retries have no place in its table.
-        trainer._pending_extra_logs.clear()
-        trainer._pending_metrics.clear()
-        return weighted_reward(trainer._local(rewards), trainer.reward_weights)
-
-    def feedback(self, rows, prompts, completions, completion_ids, environments=None):
-        # What it logs through log_extra/log_metric is dropped with the retries' logs (`score`).
-        trainer = self.trainer
-        context = {} if environments is None else {"environments": environments}
-        return call_feedback(
-            trainer.feedback_func,
-            rows,
-            prompts,
-            completions,
-            completion_ids,
-            trainer_state=trainer.state,
-            log_extra=trainer._log_completion_extra,
-            log_metric=trainer._log_metric,
-            **context,
-        )
-
-    def tokenize(self, prompts: list, rows: list[dict]) -> list[list[int]]:
-        return self.trainer._prompt_ids(prompts, rows)
-
-    def trainable(self, completion_ids: list[list[int]]) -> list[bool]:
-        return trainable_completions(self.trainer, completion_ids)
-
-    def mean_token_nll(self, prompt_ids, completion_ids, tool_masks) -> float | None:
-        trainer = self.trainer
-        count = len(prompt_ids)
-        rows = NewRows(prompt_ids, completion_ids, [0.0] * count, [True] * count, [True] * count)
-        rows.tool_masks = list(tool_masks)
-        batch = pad_rows(rows, trainer._tokenizer.pad_token_id, trainer.accelerator.device)
-        logps = trainer._logps(trainer.model, batch)
-        if logps is None:
-            return None
-        mask = loss_mask(batch)
-        logps = completion_layout(logps, batch["prompt_mask"], mask.size(1))
-        return (-(logps * mask).sum() / mask.sum().clamp(min=1)).item()
-
-
-def _refuse_unsupported(model, args, feedback_func, memory, kwargs: dict) -> None:
-    """What ERLTrainer cannot train, refused before the base trainer is built."""
-    if not isinstance(args, ERLConfig):
-        raise TypeError(
-            f"ERLTrainer needs args=ERLConfig(...), got {type(args).__name__}; "
-            "ERLConfig takes every GRPOConfig option plus the ERL ones"
-        )
-    if feedback_func is not None and not callable(feedback_func):
-        raise TypeError(f"feedback_func must be callable, got {type(feedback_func).__name__}")
-    if memory is not None and not isinstance(memory, ReflectionMemory):
-        raise TypeError(f"memory must be a ReflectionMemory, got {type(memory).__name__}")
-    disagreement = memory.disagreement(args) if memory is not None else None
-    if disagreement is not None:
-        raise ValueError(
-            f"memory= disagrees with args on {disagreement}: build it with "
-            "ReflectionMemory.from_config(args, ...) or set the same options in ERLConfig"
-        )
-    if "select_reflecting" in kwargs:
-        raise TypeError(
-            "ERLTrainer's select_reflecting= hook was removed: ERLConfig.reflections_per_group "
-            "chooses which gated first attempts reflect"
-        )
-    if kwargs.get("rollout_func") is not None:
-        raise ValueError(
-            "ERLTrainer does not support rollout_func=: a retry is a fresh episode of the same "
-            "row with the reflection in its prompt, which ERL cannot start inside a rollout "
-            "function that owns its prompts' rendering and its environments; use "
-            "environment_factory= or tools= (docs/erl.md, 'Agents')"
-        )
-    if unsloth_trainer_active():
-        if isinstance(model, str):
-            raise TypeError(
-                "Unsloth's GRPOTrainer needs a loaded model, not a path: load it with "
-                "pipeline.models.loading.load_policy or unsloth.FastLanguageModel"
-            )
-        enabled = [
-            name
-            for name in _UNSLOTH_BATCH_OPTIONS
-            if os.environ.get(name, "").strip() not in ("", "0")
-        ]
-        if enabled:
-            raise ValueError(
-                f"ERLTrainer does not support {', '.join(enabled)} (Unsloth adds batch keys "
-                "for it that ERL's reflection and retry rows do not carry); unset it"
-            )
-
-
-def _refuse_feedback_methods(pools: dict) -> None:
-    """An environment's feedback is read from a `feedback` property (`refuse_feedback_method`)."""
-    for instances in pools.values():
-        refuse_feedback_method(type(instances[0]))
 
 
 def _can_measure(device: torch.device) -> bool:

@@ -195,15 +195,7 @@ def _help() -> str:
 def evaluate_from_command_line(argv: list[str]) -> int:
     """Check every option, then load, generate, score and print."""
     from pipeline.models.backend import activate_backend
-    from pipeline.options import (
-        check_level,
-        check_local_model_early,
-        check_model_source,
-        check_signal_weights,
-        check_task,
-        parse_options,
-        peek_option,
-    )
+    from pipeline.options import check_local_model_early, parse_options, peek_option
 
     # -- a missing local model is named at once, before the slow imports below
     check_local_model_early(argv, "model_name_or_path", "model")
@@ -215,15 +207,53 @@ def evaluate_from_command_line(argv: list[str]) -> int:
         from transformers.utils.logging import disable_progress_bar
 
         disable_progress_bar()
+    from pipeline.evaluate.first_attempts import evaluate_first_attempts
 
-    # -- the task, level, weights and model before loading anything; a folder the run
-    # wrote gives what the command line leaves out
-    from pipeline.evaluate.first_attempts import (
-        evaluate_first_attempts,
-        load_for_evaluation,
-        resolve_checkpoint,
+    plan = _plan(args)
+    folder, model, tokenizer = _load(args, plan.model_path)
+    result = evaluate_first_attempts(
+        model,
+        tokenizer,
+        plan.task,
+        plan.level,
+        plan.num_prompts,
+        seed=args.seed,
+        max_new_tokens=plan.max_new_tokens,
+        batch_size=args.batch_size,
+        do_sample=args.do_sample,
+        temperature=args.temperature,
+        weights=plan.weights,
+        environment_weight=sum(plan.environment.values()),
+        trained=plan.run.trained(plan.task, plan.level) if plan.run else (),  # held out
+        progress=not args.disable_tqdm,
+        # An agent task's rounds of tool calls, as its run capped them (None: the task's).
+        max_turns=plan.recorded.get("max_tool_calling_iterations"),
     )
+    _print_and_write(args, plan, folder, result)
+    return 0
+
+
+@dataclass
+class _Plan:
+    """What an evaluation scores, resolved from the options and the run that wrote the model."""
+
+    task: Any
+    level: int
+    weights: dict | None
+    environment: dict  # an agent environment's get_reward weight, by environment
+    num_prompts: int
+    max_new_tokens: int
+    model_path: str
+    run: Any  # the run whose choices apply (pipeline.evaluate.run_folder), or None
+    recorded: dict  # that run's run_config.json
+
+
+def _plan(args) -> _Plan:
+    """The task, level, weights and model before loading anything; a folder the run wrote
+    gives what the command line leaves out."""
+    from curriculum.tasks.agent import environment_reward_weights
     from pipeline.evaluate.run_folder import find_run, recorded_task, stage_eval_weights
+    from pipeline.options import check_level, check_model_source, check_signal_weights, check_task
 
     with usage_errors():  # a state file that cannot be read says so in one line
         found = find_run(args.model_name_or_path)
@@ -261,26 +291,37 @@ def evaluate_from_command_line(argv: list[str]) -> int:
     check_level(task, level)
     if weights is not None:
         weights = check_signal_weights(task, weights, "--weights")
-    # An agent environment's get_reward, at the weight its run recorded (TRL's otherwise).
-    from curriculum.tasks.agent import environment_reward_weights
-
-    environment = recorded.get("environment_reward", environment_reward_weights(task))
-    num_prompts = args.num_prompts or recorded.get("eval_prompts") or 64
-    max_new_tokens = args.max_new_tokens or recorded.get("max_completion_length") or 256
-    model_path = str(found.model) if found else args.model_name_or_path
     check_model_source(args.model_name_or_path, "--model_name_or_path")
     if args.output_json and (into := _run_folder_of(Path(args.output_json))):
         from pipeline.lock import hold_folder
 
         hold_folder(into, "--output_json")  # a run writing there: one writer at a time
+    return _Plan(
+        task=task,
+        level=level,
+        weights=weights,
+        # An agent environment's get_reward, at the weight its run recorded (TRL's otherwise).
+        environment=recorded.get("environment_reward", environment_reward_weights(task)),
+        num_prompts=args.num_prompts or recorded.get("eval_prompts") or 64,
+        max_new_tokens=args.max_new_tokens or recorded.get("max_completion_length") or 256,
+        model_path=str(found.model) if found else args.model_name_or_path,
+        run=run,
+        recorded=recorded,
+    )
+
+
+def _load(args, model_path: str):
+    """(the checkpoint folder, model, tokenizer): a run's latest checkpoint when given its
+    folder, on the CPU threads asked for."""
+    from pipeline.evaluate.first_attempts import load_for_evaluation, resolve_checkpoint
+    from pipeline.models.threads import use_cpu_threads
+
     with usage_errors():
         folder = resolve_checkpoint(model_path)
     if Path(folder) != Path(model_path):
         print(f"model: {folder} (the latest checkpoint in {model_path})")
     elif Path(folder) != Path(args.model_name_or_path):
         print(f"model: {folder} (the run's)")
-    from pipeline.models.threads import use_cpu_threads
-
     if threads := use_cpu_threads(args.threads):
         print(threads)
     try:
@@ -288,26 +329,12 @@ def evaluate_from_command_line(argv: list[str]) -> int:
     except (ValueError, OSError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UsageError("--model_name_or_path: cannot load it", folder, reason) from err
+    return folder, model, tokenizer
 
-    result = evaluate_first_attempts(
-        model,
-        tokenizer,
-        task,
-        level,
-        num_prompts,
-        seed=args.seed,
-        max_new_tokens=max_new_tokens,
-        batch_size=args.batch_size,
-        do_sample=args.do_sample,
-        temperature=args.temperature,
-        weights=weights,
-        environment_weight=sum(environment.values()),
-        trained=run.trained(task, level) if run else (),  # held out from the run's prompts
-        progress=not args.disable_tqdm,
-        # An agent task's rounds of tool calls, as its run capped them (None: the task's).
-        max_turns=recorded.get("max_tool_calling_iterations"),
-    )
 
+def _print_and_write(args, plan: _Plan, folder, result) -> None:
+    """The figures on the console, and in --output_json when asked."""
+    weights, environment = plan.weights, plan.environment
     print(f"task: {result.task}  level: {result.level}  n: {result.n}  seed: {result.seed}")
     if weights is not None:  # with the environment's get_reward, where it adds one
         shown = {**weights, **{f"{name}.get_reward": v for name, v in environment.items()}}
@@ -323,7 +350,6 @@ def evaluate_from_command_line(argv: list[str]) -> int:
         if weights is not None and environment:
             record["environment_reward"] = environment
         atomic_write_json(args.output_json, {**record, **result.to_dict()})
-    return 0
 
 
 def _run_folder_of(path: Path) -> Path | None:

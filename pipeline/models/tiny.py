@@ -292,14 +292,8 @@ def build_tiny_model(
         settings["chat_template"] = f"trl {metadata.version('trl')} {TOOL_CHAT_TEMPLATE}"
     out = Path(output_dir)
     stamp = out / "tiny_model.json"
-    if not overwrite and stamp.exists() and json.loads(stamp.read_text()) == settings:
+    if not overwrite and _built_with(out, stamp, settings):
         return str(out)
-    if out.exists() and any(out.iterdir()) and not stamp.exists():
-        raise ValueError(
-            f"{out} is not empty and holds no tiny model built by this project; refusing to "
-            "replace it (choose an empty folder for build_tiny_model)"
-        )
-
     if corpus is None:
         corpus = default_corpus() + (tool_corpus() if tool_calling else [])
     tokenizer = build_tokenizer(corpus, settings["vocab_size"], tool_calling=tool_calling)
@@ -321,3 +315,16 @@ def build_tiny_model(
         tokenizer.save_pretrained(staging)
         (staging / stamp.name).write_text(json.dumps(settings))
     return str(out)
+
+
+def _built_with(out: Path, stamp: Path, settings: dict) -> bool:
+    """Whether `out` holds a tiny model built with `settings`; a non-empty folder this
+    project did not build is refused."""
+    if stamp.exists() and json.loads(stamp.read_text()) == settings:
+        return True
+    if out.exists() and any(out.iterdir()) and not stamp.exists():
+        raise ValueError(
+            f"{out} is not empty and holds no tiny model built by this project; refusing to "
+            "replace it (choose an empty folder for build_tiny_model)"
+        )
+    return False

@@ -145,8 +145,23 @@ def warm_up_on_episodes(
     rows += [render_episode(tokenizer, c, [], template) for c in untooled]
 
     torch.manual_seed(seed)
-    rng = random.Random(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    losses = _train(model, rows, tokenizer.pad_token_id, steps, lr, seed, batch_size)
+
+    with atomic_folder(out) as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        record = {"settings": settings, "first_loss": losses[0], "last_loss": losses[-1]}
+        (staging / STAMP).write_text(json.dumps(record))
+    return str(out)
+
+
+def _train(model, rows, pad_id: int, steps: int, lr: float, seed: int, batch_size: int):
+    """`steps` AdamW steps on `batch_size` rows drawn at random, the rate warmed up over 10
+    steps and decayed linearly to 0; the loss of every step."""
+    import torch
+
+    rng = random.Random(seed)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = min(10, steps)
@@ -156,7 +171,7 @@ def warm_up_on_episodes(
     losses = []
     for _ in range(steps):
         batch = rng.sample(rows, min(batch_size, len(rows)))
-        input_ids, attention_mask, labels = collate(batch, tokenizer.pad_token_id)
+        input_ids, attention_mask, labels = collate(batch, pad_id)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -164,13 +179,7 @@ def warm_up_on_episodes(
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
-
-    with atomic_folder(out) as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        record = {"settings": settings, "first_loss": losses[0], "last_loss": losses[-1]}
-        (staging / STAMP).write_text(json.dumps(record))
-    return str(out)
+    return losses
 
 
 def collate(rows: list[tuple[list[int], list[int]]], pad_id: int):

@@ -36,13 +36,11 @@ def train_reward_model(
 ) -> dict[str, Any]:
     """Train on `pairs`, save the model and its calibration to `args.output_dir`; returns
     the summary."""
-    import torch
     from datasets import Dataset
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoTokenizer
     from trl import RewardTrainer
 
-    from pipeline.reward_model.signals import encode_pair, score_ids
+    from pipeline.reward_model.signals import encode_pair
 
     output = args.output_dir
     train, heldout = split_by_prompt(pairs, options.heldout_fraction, args.seed)
@@ -67,7 +65,45 @@ def train_reward_model(
             out.append(row)
         return Dataset.from_list(out)
 
-    set_seed(args.seed)  # the new head's initial weights: the same run gives the same model
+    model = _new_reward_model(options, args, tokenizer)
+    with atomic_folder(output) as staging:  # a kill leaves no half-written model
+        # The user's options, unchanged, but for the folder: the trainer writes the staging
+        # copy that becomes `output` (checkpoints, runs/ and the model alike).
+        config = copy.copy(args)
+        config.output_dir = str(staging)
+        trainer = RewardTrainer(
+            model=model,
+            args=config,
+            train_dataset=rows(train),
+            eval_dataset=rows(heldout) if args.eval_strategy != "no" and heldout else None,
+            processing_class=tokenizer,
+        )
+        result = trainer.train()
+        summary = {
+            "base": options.model_name_or_path,
+            "objectives": ["reward"],
+            **_calibration(trainer.model.eval(), tokenizer, train, heldout, args),
+            "train_loss": result.training_loss,
+            "use_lora": options.use_lora,
+            "margin": options.margin,
+            "options": asdict(options),
+            # What RewardTrainer ran with: every RewardConfig field after its own checks.
+            "reward_config": {**json.loads(trainer.args.to_json_string()), "output_dir": output},
+        }
+        trainer.save_model(str(staging))
+        tokenizer.save_pretrained(staging)
+        (staging / INFO_FILE).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _new_reward_model(options: RewardModelArguments, args: RewardConfig, tokenizer):
+    """The base with a fresh one-output head (seeded: the same run gives the same model),
+    LoRA-wrapped when asked."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, set_seed
+    from transformers.utils import logging as hf_logging
+
+    set_seed(args.seed)  # the new head's initial weights
     verbosity = hf_logging.get_verbosity()
     # Quiet only for the load (a fresh head's "newly initialized weights" notice): left at
     # error, it would also turn on the next TrainingArguments' disable_tqdm in this process.
@@ -83,69 +119,45 @@ def train_reward_model(
         hf_logging.set_verbosity(verbosity)
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.id2label, model.config.label2id = {0: "reward"}, {"reward": 0}
-    if options.use_lora:
-        # Wrapped here rather than through RewardTrainer's peft_config, which casts the
-        # trainable weights to bfloat16 even on a CPU.
-        from peft import LoraConfig, TaskType, get_peft_model
+    if not options.use_lora:
+        return model
+    # Wrapped here rather than through RewardTrainer's peft_config, which casts the
+    # trainable weights to bfloat16 even on a CPU.
+    from peft import LoraConfig, TaskType, get_peft_model
 
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                task_type=TaskType.SEQ_CLS,
-                r=options.lora_r,
-                lora_alpha=options.lora_alpha,
-                target_modules="all-linear",
-            ),
-        )
-    with atomic_folder(output) as staging:  # a kill leaves no half-written model
-        # The user's options, unchanged, but for the folder: the trainer writes the staging
-        # copy that becomes `output` (checkpoints, runs/ and the model alike).
-        config = copy.copy(args)
-        config.output_dir = str(staging)
-        trainer = RewardTrainer(
-            model=model,
-            args=config,
-            train_dataset=rows(train),
-            eval_dataset=rows(heldout) if args.eval_strategy != "no" and heldout else None,
-            processing_class=tokenizer,
-        )
-        result = trainer.train()
-        model = trainer.model.eval()
+    return get_peft_model(
+        model,
+        LoraConfig(
+            task_type=TaskType.SEQ_CLS,
+            r=options.lora_r,
+            lora_alpha=options.lora_alpha,
+            target_modules="all-linear",
+        ),
+    )
 
-        # Held-out accuracy and calibration, scored exactly as signals.py scores a run.
-        check = heldout or train
-        ids = [
-            encode_pair(tokenizer, p.prompt, c, args.max_length)
-            for p in check
-            for c in (p.chosen, p.rejected)
-        ]
-        batch = args.per_device_eval_batch_size
-        scores = [s[0] for s in score_ids(model, ids, tokenizer.pad_token_id, batch)]
-        chosen, rejected = scores[0::2], scores[1::2]
-        wins = [1.0 if c > r else 0.5 if c == r else 0.0 for c, r in zip(chosen, rejected)]
-        mean = sum(scores) / len(scores)
-        std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores)) or 1.0
-        summary = {
-            "base": options.model_name_or_path,
-            "objectives": ["reward"],
-            "calibration": {
-                "mean": [mean],
-                "std": [std],
-                "source": "heldout" if heldout else "train",
-            },
-            "train_pairs": len(train),
-            "heldout_pairs": len(heldout),
-            "train_loss": result.training_loss,
-            "mean_margin": sum(c - r for c, r in zip(chosen, rejected)) / len(chosen),
-            "heldout_pair_accuracy": sum(wins) / len(wins) if heldout else None,
-            "train_pair_accuracy": None if heldout else sum(wins) / len(wins),
-            "use_lora": options.use_lora,
-            "margin": options.margin,
-            "options": asdict(options),
-            # What RewardTrainer ran with: every RewardConfig field after its own checks.
-            "reward_config": {**json.loads(trainer.args.to_json_string()), "output_dir": output},
-        }
-        trainer.save_model(str(staging))
-        tokenizer.save_pretrained(staging)
-        (staging / INFO_FILE).write_text(json.dumps(summary, indent=2))
-    return summary
+
+def _calibration(model, tokenizer, train, heldout, args: RewardConfig) -> dict[str, Any]:
+    """Held-out accuracy and calibration (the training pairs' where none are held out),
+    scored exactly as signals.py scores a run."""
+    from pipeline.reward_model.signals import encode_pair, score_ids
+
+    check = heldout or train
+    ids = [
+        encode_pair(tokenizer, p.prompt, c, args.max_length)
+        for p in check
+        for c in (p.chosen, p.rejected)
+    ]
+    batch = args.per_device_eval_batch_size
+    scores = [s[0] for s in score_ids(model, ids, tokenizer.pad_token_id, batch)]
+    chosen, rejected = scores[0::2], scores[1::2]
+    wins = [1.0 if c > r else 0.5 if c == r else 0.0 for c, r in zip(chosen, rejected)]
+    mean = sum(scores) / len(scores)
+    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores)) or 1.0
+    return {
+        "calibration": {"mean": [mean], "std": [std], "source": "heldout" if heldout else "train"},
+        "train_pairs": len(train),
+        "heldout_pairs": len(heldout),
+        "mean_margin": sum(c - r for c, r in zip(chosen, rejected)) / len(chosen),
+        "heldout_pair_accuracy": sum(wins) / len(wins) if heldout else None,
+        "train_pair_accuracy": None if heldout else sum(wins) / len(wins),
+    }

@@ -68,83 +68,25 @@ class RunHooks:
 def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     """The run itself, top to bottom; a refused option raises UsageError before any write."""
     hooks = hooks or RunHooks()
-    from pipeline.run.config import peek_log_level, verbose
-
-    quiet = not verbose(peek_log_level(argv))
-
-    # ---- Config: every option checked before anything is written. The backend is resolved
-    # first: it decides how trl is imported.
-    from pipeline.run import distributed
-    from pipeline.run.config import (
-        check_policy_path_early,
-        choose_backend,
-        parse_run_config,
-        resolved_config,
-    )
-
-    check_policy_path_early(argv)  # a typo in a local path is named in a second
-    backend = choose_backend(argv)
-    run, model_config, curriculum_config, args = parse_run_config(argv, hooks.options_for)
-    model_config.backend = backend  # resolved once: the loader and run_config.json read this
-    config = resolved_config(run, model_config, curriculum_config, args)
-    main_process = distributed.is_main_process()  # the one that writes the run's files
-    level = logging.INFO if main_process else logging.WARNING
-    logging.basicConfig(level=level, format="%(message)s")
-    # Unsloth gives the root logger its own handler at import, which makes basicConfig a
-    # no-op and left the root at WARNING: the run's own lines would not print.
-    logging.getLogger("pipeline").setLevel(level)
-    if distributed.launched_processes() > 1:
-        logger.info(distributed.describe())
-
-    from curriculum.tasks.agent import is_agent_task
+    run, model_config, curriculum_config, args, config = _configure(argv, hooks)
     from pipeline.layout import RunLayout
-    from pipeline.models.loading import load_policy
-    from pipeline.models.tiny import build_tiny_model
+    from pipeline.models.threads import use_cpu_threads
+    from pipeline.run import distributed
     from pipeline.run.checks import check_run
     from pipeline.run.config import memory_policy
-    from pipeline.run.console import quiet_libraries
-    from pipeline.run.rewards import build_run_rewards
-    from rewards import GenerationsLog
 
-    if quiet:
-        quiet_libraries()
+    main_process = distributed.is_main_process()  # the one that writes the run's files
     layout = RunLayout(args.output_dir)
     # The task, levels, signals, model paths, machine and folder (a refusal writes nothing).
     task, controller = check_run(run, model_config, curriculum_config, args, layout, config)
     # Read before run_config.json is written (below): a resume keeps its run's memory policy.
     config["memory_policy"] = memory_policy(layout.run_config)
     distributed.wait_for_everyone()  # every process checks the folder before anything is written
-    from pipeline.models.threads import use_cpu_threads
-
     if threads := use_cpu_threads(run.threads):  # before the model: loading runs on them too
         logger.info(threads)
-
-    # ---- The model: loaded once, it stays loaded across stages; then the rewards, whose
-    # learned signals score on the policy's device. Both before the first write too.
-    if run.build_tiny_model and main_process:
-        if not Path(model_config.model_name_or_path).exists():  # said, as a hub id reads alike
-            logger.info(f"building the offline tiny model into {model_config.model_name_or_path}")
-        build_tiny_model(model_config.model_name_or_path, tool_calling=is_agent_task(task))
-    distributed.wait_for_everyone()  # the others load what the main process built
-    with _loading("--model_name_or_path", model_config.model_name_or_path):
-        model, tokenizer = load_policy(
-            model_config,
-            seed=args.seed,
-            trust_remote_code=args.trust_remote_code,
-            gradient_checkpointing=args.gradient_checkpointing,
-        )
-    from pipeline.run.checks import check_agent_budget
-
-    check_agent_budget(task, tokenizer, args.max_completion_length, controller.level)
-    generations_log = (
-        GenerationsLog(layout.root, every=run.log_generations_every) if main_process else None
+    model, tokenizer, rewards, generations_log = _load(
+        run, model_config, args, task, controller, layout, main_process
     )
-    learned = ", ".join([*run.reward_models, *run.preference_functions])
-    with _loading("--reward_models / --preference_functions", learned):
-        rewards = build_run_rewards(
-            task, run, device=next(model.parameters()).device, generations_log=generations_log
-        )
-
     try:
         _train(run, args, config, hooks, task, controller, layout, model, tokenizer, rewards,
                generations_log, main_process)  # fmt: skip
@@ -157,15 +99,113 @@ def run_curriculum(argv: list[str], hooks: RunHooks | None = None) -> int:
     return 0
 
 
+def _configure(argv: list[str], hooks: RunHooks):
+    """Every option parsed and checked before anything is written, and the run's logging:
+    (run, model, curriculum and trainer configs, the resolved config to record). The
+    backend is resolved first: it decides how trl is imported."""
+    from pipeline.run import distributed
+    from pipeline.run.config import (
+        check_policy_path_early,
+        choose_backend,
+        parse_run_config,
+        peek_log_level,
+        resolved_config,
+        verbose,
+    )
+
+    quiet = not verbose(peek_log_level(argv))
+    check_policy_path_early(argv)  # a typo in a local path is named in a second
+    backend = choose_backend(argv)
+    run, model_config, curriculum_config, args = parse_run_config(argv, hooks.options_for)
+    model_config.backend = backend  # resolved once: the loader and run_config.json read this
+    config = resolved_config(run, model_config, curriculum_config, args)
+    level = logging.INFO if distributed.is_main_process() else logging.WARNING
+    logging.basicConfig(level=level, format="%(message)s")
+    # Unsloth gives the root logger its own handler at import, which makes basicConfig a
+    # no-op and left the root at WARNING: the run's own lines would not print.
+    logging.getLogger("pipeline").setLevel(level)
+    if distributed.launched_processes() > 1:
+        logger.info(distributed.describe())
+    if quiet:
+        from pipeline.run.console import quiet_libraries  # after the backend: imports transformers
+
+        quiet_libraries()
+    return run, model_config, curriculum_config, args, config
+
+
+def _load(run, model_config, args, task, controller, layout, main_process):
+    """The policy, loaded once (it stays loaded across stages), then the rewards, whose
+    learned signals score on the policy's device; both before the first write:
+    (model, tokenizer, rewards, the generations log of the main process)."""
+    from curriculum.tasks.agent import is_agent_task
+    from pipeline.models.loading import load_policy
+    from pipeline.models.tiny import build_tiny_model
+    from pipeline.run import distributed
+    from pipeline.run.checks import check_agent_budget
+    from pipeline.run.rewards import build_run_rewards
+    from rewards import GenerationsLog
+
+    if run.build_tiny_model and main_process:
+        if not Path(model_config.model_name_or_path).exists():  # said, as a hub id reads alike
+            logger.info(f"building the offline tiny model into {model_config.model_name_or_path}")
+        build_tiny_model(model_config.model_name_or_path, tool_calling=is_agent_task(task))
+    distributed.wait_for_everyone()  # the others load what the main process built
+    with _loading("--model_name_or_path", model_config.model_name_or_path):
+        model, tokenizer = load_policy(
+            model_config,
+            seed=args.seed,
+            trust_remote_code=args.trust_remote_code,
+            gradient_checkpointing=args.gradient_checkpointing,
+        )
+    check_agent_budget(task, tokenizer, args.max_completion_length, controller.level)
+    generations_log = (
+        GenerationsLog(layout.root, every=run.log_generations_every) if main_process else None
+    )
+    learned = ", ".join([*run.reward_models, *run.preference_functions])
+    with _loading("--reward_models / --preference_functions", learned):
+        rewards = build_run_rewards(
+            task, run, device=next(model.parameters()).device, generations_log=generations_log
+        )
+    return model, tokenizer, rewards, generations_log
+
+
 def _train(run, args, config, hooks, task, controller, layout, model, tokenizer, rewards,
            generations_log, main_process) -> None:  # fmt: skip
     """The run's files from the state on: warm-up, the stages, the final model and plots."""
+    from pipeline.run.stages import run_stage
+
+    state, memory, restored = _open_run(run, args, config, controller, layout, model,
+                                        main_process)  # fmt: skip
+    if restored is None:
+        _warm_up(run, args, hooks, task, controller, layout, model, tokenizer, memory,
+                 main_process)  # fmt: skip
+    # ---- The stages: train until promoted or out of steps, evaluate, save, plot.
+    while not controller.finished and not hooks.stop():
+        run_stage(
+            model=model,
+            tokenizer=tokenizer,
+            memory=memory,
+            task=task,
+            controller=controller,
+            state=state,
+            run=run,
+            args=args,
+            rewards=rewards,
+            generations_log=generations_log,
+            layout=layout,
+            extra_callbacks=hooks.stage_callbacks,
+        )
+    _finish(run, layout, model, tokenizer, memory, state, main_process)
+
+
+def _open_run(run, args, config, controller, layout, model, main_process):
+    """The run's files, the state first so that a run killed after this resumes; an earlier
+    run in the folder restored: (state, memory, the folder restored or None)."""
     from pipeline.erl.memory import ReflectionMemory
     from pipeline.run import distributed
-    from pipeline.run.checkpoints import remove_finished_checkpoints, save_policy
+    from pipeline.run.checkpoints import remove_finished_checkpoints
     from pipeline.run.config import record_config
 
-    # ---- The run's files: the state first, so that a run killed after this resumes.
     if main_process:
         layout.root.mkdir(parents=True, exist_ok=True)
     state = distributed.load_curriculum_state(layout.state)
@@ -180,18 +220,19 @@ def _train(run, args, config, hooks, task, controller, layout, model, tokenizer,
     restored = _restore_latest(model, memory, layout, state)
     if restored:
         logger.info(f"resuming {layout.root} from {_resume_point(layout, controller, restored)}")
+    return state, memory, restored
 
-    # ---- Warm-up: teach the answer format on reference solutions (once per run), or
-    # start from a policy the caller gives (a warm-up several runs share).
-    if hooks.start_from is not None and restored is None:
-        from pipeline.run.checkpoints import load_policy_weights
 
+def _warm_up(run, args, hooks, task, controller, layout, model, tokenizer, memory,
+             main_process) -> None:  # fmt: skip
+    """Teach the answer format on reference solutions (once per run), or start from a
+    policy the caller gives (a warm-up several runs share)."""
+    from pipeline.run.checkpoints import load_policy_weights, save_policy
+    from pipeline.run.warmup import sft_warmup
+
+    if hooks.start_from is not None:
         load_policy_weights(model, hooks.start_from)
-        if main_process:
-            save_policy(model, tokenizer, memory, layout.warmup, atomic=True)
-    elif run.warmup_sft_steps and restored is None:
-        from pipeline.run.warmup import sft_warmup
-
+    elif run.warmup_sft_steps:
         logger.info(
             f"SFT warm-up: {run.warmup_sft_steps} steps on {task.name} level {controller.level} references"
         )
@@ -208,35 +249,22 @@ def _train(run, args, config, hooks, task, controller, layout, model, tokenizer,
             output_dir=str(layout.warmup_trainer),
             tensorboard_dir=layout.tensorboard("warmup"),
         )
-        if main_process:
-            save_policy(model, tokenizer, memory, layout.warmup, atomic=True)
-            _remove_if_empty(layout.warmup_trainer)  # the warm-up trainer's scratch folder
+    else:
+        return
+    if main_process:
+        save_policy(model, tokenizer, memory, layout.warmup, atomic=True)
+        _remove_if_empty(layout.warmup_trainer)  # the warm-up trainer's scratch folder
 
-    # ---- The stages: train until promoted or out of steps, evaluate, save, plot.
-    from pipeline.run.stages import run_stage
 
-    while not controller.finished and not hooks.stop():
-        run_stage(
-            model=model,
-            tokenizer=tokenizer,
-            memory=memory,
-            task=task,
-            controller=controller,
-            state=state,
-            run=run,
-            args=args,
-            rewards=rewards,
-            generations_log=generations_log,
-            layout=layout,
-            extra_callbacks=hooks.stage_callbacks,
-        )
+def _finish(run, layout, model, tokenizer, memory, state, main_process) -> None:
+    """The final model, optional merged / GGUF exports, and the run's plot."""
+    from pipeline.run import distributed
+    from pipeline.run.checkpoints import save_policy
+    from pipeline.run.plots import plot_run
 
-    # ---- The final model, and optional merged / GGUF exports.
     if main_process:
         save_policy(model, tokenizer, memory, layout.final, atomic=True)
         _export(model, tokenizer, run, layout)
-        from pipeline.run.plots import plot_run
-
         plot_run(layout.root, stages=[], baseline=run.baseline_run)
     distributed.wait_for_everyone()
     promoted = sum(1 for s in state.stages if s.status == "promoted")

@@ -101,42 +101,8 @@ def build_figure(
                 steps, values, label=f"r1 of {baseline[1]}", color="dimgrey", linestyle="--",
                 linewidth=1.2, gid=BASELINE_GID,
             )  # fmt: skip
-    for step, label in stage_boundaries or []:
-        ax.axvline(step, color="grey", linestyle="--", linewidth=0.8, gid=BOUNDARY_GID)
-        ax.annotate(
-            label,
-            xy=(step, 1.0),
-            xycoords=("data", "axes fraction"),
-            xytext=(3, -12),
-            textcoords="offset points",
-            fontsize=8,
-            color="dimgrey",
-        )
-    points = [
-        (s, v, lab)
-        for s, v, lab in eval_rewards or []
-        if _number(s) is not None and _number(v) is not None
-    ]
-    if points:
-        ax.plot(
-            [p[0] for p in points],
-            [p[1] for p in points],
-            linestyle="none",
-            marker="D",
-            color="tab:green",
-            markersize=7,
-            label="eval reward (first attempt)",
-            gid=EVAL_GID,
-        )
-        for step, value, label in points:
-            ax.annotate(
-                label,
-                xy=(step, value),
-                xytext=(4, 4),
-                textcoords="offset points",
-                fontsize=8,
-                color="tab:green",
-            )
+    _draw_boundaries(ax, stage_boundaries or [])
+    _draw_evals(ax, eval_rewards or [])
     if not ax.lines:
         ax.text(
             0.5,
@@ -155,6 +121,51 @@ def build_figure(
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _draw_boundaries(ax, boundaries: Sequence[Boundary]) -> None:
+    """A dashed line and its label at each stage boundary."""
+    for step, label in boundaries:
+        ax.axvline(step, color="grey", linestyle="--", linewidth=0.8, gid=BOUNDARY_GID)
+        ax.annotate(
+            label,
+            xy=(step, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -12),
+            textcoords="offset points",
+            fontsize=8,
+            color="dimgrey",
+        )
+
+
+def _draw_evals(ax, eval_rewards: Sequence[EvalPoint]) -> None:
+    """A labelled marker at each evaluation with a number (others are skipped)."""
+    points = [
+        (s, v, lab)
+        for s, v, lab in eval_rewards
+        if _number(s) is not None and _number(v) is not None
+    ]
+    if not points:
+        return
+    ax.plot(
+        [p[0] for p in points],
+        [p[1] for p in points],
+        linestyle="none",
+        marker="D",
+        color="tab:green",
+        markersize=7,
+        label="eval reward (first attempt)",
+        gid=EVAL_GID,
+    )
+    for step, value, label in points:
+        ax.annotate(
+            label,
+            xy=(step, value),
+            xytext=(4, 4),
+            textcoords="offset points",
+            fontsize=8,
+            color="tab:green",
+        )
 
 
 def save_figure(fig, path: str | os.PathLike[str]) -> Path:

@@ -22,7 +22,7 @@ from pipeline.evaluate.held_out import stage_rows, stage_seed, trained_prompts
 from pipeline.layout import CONTROLLER_FILE, RunLayout
 from pipeline.run.checkpoints import kill_point
 from pipeline.run.distributed import all_processes, is_main_process, wait_for_everyone
-from pipeline.run.plots import read_metrics
+from pipeline.run.plots import plot_run, read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -146,48 +146,14 @@ def run_stage(
     plot) before the state file marks the stage finished, and untouched after; until then
     a resume continues the stage from its latest trainer checkpoint.
     """
-    from pipeline.erl.experience import ExperienceLog
-    from pipeline.evaluate.first_attempts import evaluate_first_attempts
-    from pipeline.run.checkpoints import (
-        latest_trainer_checkpoint,
-        read_controller_state,
-        save_policy,
-    )
-    from pipeline.run.config import verbose
     from pipeline.run.console import show_stage_progress
-    from pipeline.run.methods import build_trainer
-    from pipeline.run.plots import plot_run
 
     stage, level = controller.stage, controller.level
-    state.start_stage(level, controller.state_dict())  # the running entry, when resuming
-    stage_dir = layout.stage(stage)
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    checkpoints = layout.stage_checkpoints(stage)
-    checkpoint = latest_trainer_checkpoint(checkpoints)
-    if checkpoint is not None:  # an interrupted stage: continue where its checkpoint left off
-        controller.load_state_dict(read_controller_state(checkpoint))
-    if is_main_process():
-        truncate_metrics(layout.stage_metrics(stage), controller.stage_steps)
-    step_offset = sum(s.steps for s in state.stages if s.finished)
-    if generations_log is not None:  # the main process's
-        generations_log.start_stage(stage, step_offset, controller.stage_steps)
-    experience_log = ExperienceLog(layout.root)  # ERL's reflections and retries
-    if is_main_process():  # which alone writes it
-        experience_log.start_stage(stage, step_offset, controller.stage_steps)
-
-    trainer = build_trainer(
-        run.method,
-        model=model,
-        args=stage_args(args, checkpoints, controller.config.max_stage_steps, rewards.weights),
-        train_dataset=stage_dataset(
-            task, controller, run.prompts_per_stage, stage_seed(args.seed, stage)
-        ),
-        rewards=rewards,
-        memory=memory,
-        tokenizer=tokenizer,
-        success_threshold=args.reward_threshold,
-        environment_factory=task.make_environment if is_agent_task(task) else None,
-        experience_log=experience_log,
+    checkpoint, step_offset, experience_log = _open_stage(
+        controller, state, layout, generations_log
+    )
+    trainer = _stage_trainer(
+        model, tokenizer, memory, task, controller, run, args, rewards, layout, experience_log
     )
     callback = CurriculumCallback(trainer, controller, layout.stage_metrics(stage), step_offset)
     trainer.add_callback(callback)
@@ -198,38 +164,13 @@ def run_stage(
     kill_point("trained", stage)
     steps = controller.stage_steps
     decision = controller.end_stage()
-
     evaluation = None
-    main_process = is_main_process()  # evaluates once over all prompts, and writes
-    if run.eval_prompts and main_process:
-        trained = trained_prompts(  # every prompt of this level the run trained on so far
-            task,
-            level,
-            [(entry.stage, entry.level) for entry in state.stages],
-            prompts_per_stage=run.prompts_per_stage,
-            seed=args.seed,
-            replay_fraction=controller.config.replay_fraction,
-            start_level=controller.config.start_level,
-        )
-        evaluation = evaluate_first_attempts(
-            model,
-            tokenizer,
-            task,
-            level,
-            run.eval_prompts,
-            max_new_tokens=args.max_completion_length,
-            max_turns=args.max_tool_calling_iterations,
-            weights=rewards.eval_weights,
-            environment_weight=rewards.environment_weight,
-            trained=trained,
-            progress=verbose(args.log_level) and not args.disable_tqdm,
-        )
+    if run.eval_prompts and is_main_process():  # evaluates once over all prompts
+        evaluation = _evaluate_stage(model, tokenizer, task, level, state, run, args, rewards,
+                                     controller)  # fmt: skip
     kill_point("evaluated", stage)
     eval_reward = evaluation.mean_reward if evaluation else None
-    if main_process:
-        save_policy(model, tokenizer, memory, stage_dir)
-        plot_run(layout.root, stages=[stage], eval_rewards={stage: eval_reward}, run_curve=False)
-    kill_point("saved", stage)
+    _save_stage(model, tokenizer, memory, layout, stage, eval_reward)
     state.finish_stage(
         stage,
         decision.status,
@@ -238,19 +179,110 @@ def run_stage(
         controller=controller.state_dict(),
         run_finished=decision.finished,
         eval_reward=eval_reward,
-        checkpoint=stage_dir.name,
+        checkpoint=layout.stage(stage).name,
         r2_mean=callback.r2_mean(),
         action=decision.action,
         next_level=decision.next_level,
     )
     kill_point("recorded", stage)
-    if main_process:
-        shutil.rmtree(checkpoints, ignore_errors=True)  # a finished stage never resumes
+    if is_main_process():
+        shutil.rmtree(layout.stage_checkpoints(stage), ignore_errors=True)  # never resumes
         plot_run(layout.root, stages=[], baseline=run.baseline_run)
     wait_for_everyone()
     logger.info(_summary(stage, level, run.method, steps, decision, callback.r2_mean(), evaluation))
     for line in rewards.scorer.repeated_warnings():  # each logged once when it first came
         logger.warning(f"[stage {stage}] repeated: {line}")
+
+
+def _open_stage(controller, state, layout: RunLayout, generations_log):
+    """The running stage's entry, folder and logs, continued from its latest trainer
+    checkpoint if it was interrupted: (that checkpoint or None, the steps of the finished
+    stages, ERL's experience log)."""
+    from pipeline.erl.experience import ExperienceLog
+    from pipeline.run.checkpoints import latest_trainer_checkpoint, read_controller_state
+
+    stage = controller.stage
+    state.start_stage(controller.level, controller.state_dict())  # the running entry, resuming
+    layout.stage(stage).mkdir(parents=True, exist_ok=True)
+    checkpoint = latest_trainer_checkpoint(layout.stage_checkpoints(stage))
+    if checkpoint is not None:  # an interrupted stage: continue where its checkpoint left off
+        controller.load_state_dict(read_controller_state(checkpoint))
+    if is_main_process():
+        truncate_metrics(layout.stage_metrics(stage), controller.stage_steps)
+    step_offset = sum(s.steps for s in state.stages if s.finished)
+    if generations_log is not None:  # the main process's
+        generations_log.start_stage(stage, step_offset, controller.stage_steps)
+    experience_log = ExperienceLog(layout.root)  # ERL's reflections and retries
+    if is_main_process():  # which alone writes it
+        experience_log.start_stage(stage, step_offset, controller.stage_steps)
+    return checkpoint, step_offset, experience_log
+
+
+def _stage_trainer(model, tokenizer, memory, task, controller, run, args, rewards,
+                   layout: RunLayout, experience_log):  # fmt: skip
+    """The running stage's trainer for the run's method, on the stage's prompts."""
+    from pipeline.run.methods import build_trainer
+
+    stage = controller.stage
+    return build_trainer(
+        run.method,
+        model=model,
+        args=stage_args(
+            args,
+            layout.stage_checkpoints(stage),
+            controller.config.max_stage_steps,
+            rewards.weights,
+        ),  # fmt: skip
+        train_dataset=stage_dataset(
+            task, controller, run.prompts_per_stage, stage_seed(args.seed, stage)
+        ),
+        rewards=rewards,
+        memory=memory,
+        tokenizer=tokenizer,
+        success_threshold=args.reward_threshold,
+        environment_factory=task.make_environment if is_agent_task(task) else None,
+        experience_log=experience_log,
+    )
+
+
+def _evaluate_stage(model, tokenizer, task, level, state, run, args, rewards, controller):
+    """First attempts on the level's held-out prompts, every prompt of this level the run
+    trained on so far kept out."""
+    from pipeline.evaluate.first_attempts import evaluate_first_attempts
+    from pipeline.run.config import verbose
+
+    trained = trained_prompts(
+        task,
+        level,
+        [(entry.stage, entry.level) for entry in state.stages],
+        prompts_per_stage=run.prompts_per_stage,
+        seed=args.seed,
+        replay_fraction=controller.config.replay_fraction,
+        start_level=controller.config.start_level,
+    )
+    return evaluate_first_attempts(
+        model,
+        tokenizer,
+        task,
+        level,
+        run.eval_prompts,
+        max_new_tokens=args.max_completion_length,
+        max_turns=args.max_tool_calling_iterations,
+        weights=rewards.eval_weights,
+        environment_weight=rewards.environment_weight,
+        trained=trained,
+        progress=verbose(args.log_level) and not args.disable_tqdm,
+    )
+
+
+def _save_stage(model, tokenizer, memory, layout: RunLayout, stage: int, eval_reward) -> None:
+    """The stage's policy and memory in its folder, and its plot (the main process)."""
+    from pipeline.run.checkpoints import save_policy
+
+    if is_main_process():
+        save_policy(model, tokenizer, memory, layout.stage(stage))
+        plot_run(layout.root, stages=[stage], eval_rewards={stage: eval_reward}, run_curve=False)
+    kill_point("saved", stage)
 
 
 def _summary(stage, level, method, steps, decision, r2, evaluation) -> str:
