@@ -135,6 +135,7 @@ PRESETS = {
         warmup_steps=2400,
         warmup_lr=3e-3,
         copy_steps=0,
+        code_prior=-1,
         feedback_examples=3000,
         feedback_levels="1",
         reference_examples=0,
@@ -174,8 +175,12 @@ PRESETS["hidden_code"] = PRESETS["hidden_rule"] | dict(
     # itself, the tiny model's loss sat at 0.73 for 1,000 steps at 1e-3, then fell to 0.01
     # within 200 (bench/copy_phase.py). The whole warm-up's mixture at 1e-3 (cosine) was
     # still on its plateau at step 1,480 of 2,400 (docs/log.md), so copies and lookups
-    # come first, alone, at a constant rate.
-    copy_steps=1500,
+    # come first, alone, at a constant rate. 3,000 steps: at 1,500 the phase change was
+    # still under way (loss 0.37, 0.18 at the last two logs), and a rebuild of that
+    # checkpoint passed gate a weakly (+0.14), never used the whole code given in its
+    # prompt, and failed gate b (0.20); at 3,000 (loss 0.13-0.16 over the last 1,500) gate
+    # a +0.38, gate b 1.00 (docs/log.md, 2026-12-06).
+    copy_steps=3000,
     warmup_steps=800,
     warmup_lr=1e-3,
     max_operand=0,
@@ -280,6 +285,9 @@ def parse_options(argv: list[str] | None = None):
     add("--copy_steps", type=int,
         help="hidden_code: SFT steps on copies and lookups alone, at --warmup_lr held constant, "
         "before the warm-up (0: none)")  # fmt: skip
+    add("--code_prior", type=int,
+        help="hidden_code: the warm-up's unhinted questions answered with random digits "
+        "(-1: a third of --feedback_examples)")  # fmt: skip
     add("--feedback_examples", type=int)
     add("--feedback_levels")
     add("--reference_examples", type=int)
@@ -382,6 +390,9 @@ def check_rules(parser, opts) -> None:
     if opts.copy_steps < 0 or (opts.copy_steps and opts.task != "hidden_code"):
         parser.error(f"--copy_steps {opts.copy_steps}: a number >= 0, and only with --task "
                      "hidden_code (its copies and lookups are hidden_code retries)")  # fmt: skip
+    if opts.code_prior < -1 or (opts.code_prior != -1 and opts.task != "hidden_code"):
+        parser.error(f"--code_prior {opts.code_prior}: a number >= 0 (-1: a third of "
+                     "--feedback_examples), and only with --task hidden_code")  # fmt: skip
     warm_levels = {"hidden_rule": gates.WARM_LEVELS, "hidden_code": gates.WARM_CODE_LEVELS}
     if opts.task in warm_levels:
         taught = warm_levels[opts.task]

@@ -226,7 +226,36 @@ CODE_ABLATIONS = {
     # the ERL paper's code: every retry internalized, advantage max(r2, 0)
     "erl_lesson_retry_raft": defaults_with(step="raft_internalization"),
 }
-ALL_ARMS = {**ARMS, **ABLATIONS, **VARIANTS, **LESSON_ARMS, **CODE_ABLATIONS}
+# Internalization at full weight (issue 48, on the rebuilt warm checkpoint): there the retry
+# from the raw feedback succeeded 0.36 of the time and internalized 23 rows a step for 300
+# steps, yet its first attempts never took the code, while SFT on answers alone (gate b)
+# learns it. The product weighs internalized rows by their share of the batch's tokens (about
+# 15%); seed 000 weighs their own mean cross-entropy against the RL loss.
+INTERNALIZATION_ARMS = {
+    "raw_feedback_retry_int_loss": arm(
+        enable_reflection=False, lr_from="erl", step="loss_weighted_internalization"
+    ),
+    # ... and the retries' rows out of the loss: what is left beside GRPO is SFT on the
+    # successful retries
+    "raw_feedback_retry_int_only": arm(
+        enable_reflection=False, lr_from="erl", step="internalization_only"
+    ),
+    "erl_defaults_int_loss": arm(
+        reflections_per_group=1,
+        memory=LESSONS_MEMORY,
+        retry_system_prompt=RETRY_FEEDBACK_TEMPLATE,
+        lr_from="erl_defaults",
+        step="loss_weighted_internalization",
+    ),
+}
+ALL_ARMS = {
+    **ARMS,
+    **ABLATIONS,
+    **VARIANTS,
+    **LESSON_ARMS,
+    **CODE_ABLATIONS,
+    **INTERNALIZATION_ARMS,
+}
 BASELINES = ("grpo", "grpo_matched")
 """The GRPO arms: the verdict compares every other ERLTrainer arm with the better of them."""
 
@@ -290,6 +319,9 @@ class Settings:
     stop: str = ""  # "arm=step,...": stop those arms early, on the same schedule
     base: str = "tiny"  # "tiny" (built here, `hidden` x `layers`), "smollm2" or a model folder
     copy_steps: int = 0  # hidden_code: SFT steps on copies and lookups alone, before the warm-up
+    # hidden_code: the warm-up's unhinted questions answered with random digits (-1: a third
+    # of `feedback_examples`, as issue 43 built it)
+    code_prior: int = -1
     # The curriculum's promotion as a stop: a run ends at the first step its rolling r1 over
     # `promote_window` first attempts reaches `promote` (0: every run trains to `steps`).
     # Its held-out success there stands for every later step, as a promoted stage's would.

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import torch
 from datasets import Dataset, concatenate_datasets
 from feedback_warmup import code_rows, feedback_rows, rule_rows
 from learning_arms import (
@@ -306,9 +307,9 @@ def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
     """Copying a lesson, over many codes (`_code_decoys`): `feedback_examples` (reflection,
     retry) pairs from `code_rows`, half as many retries from the raw feedback (the
     `raw_feedback_retry` arm's prompt), as many SDPO teacher rows, as many retries whose
-    hint is the decoy's whole code (a lookup, as a full rulebook is), and a third as many
-    unhinted questions answered with random digits (the prior: any letter any digit, the
-    same for every code)."""
+    hint is the decoy's whole code (a lookup, as a full rulebook is), and `code_prior` (a
+    third as many when -1) unhinted questions answered with random digits (the prior: any
+    letter any digit, the same for every code)."""
     decoy, rng = _code_decoys(s, excluded, seed=900_003)
     n = s.feedback_examples
     decoys = [decoy() for _ in range(n)]
@@ -333,7 +334,7 @@ def _hidden_code_rows(task, s: Settings, reward_funcs, weights, feedback_func,
     for _ in range(n // 2):
         row, code, _ = decoy()
         rows.append(_lookup_row(task, row, code))
-    for _ in range(n // 3):  # the prior: random digits
+    for _ in range(n // 3 if s.code_prior < 0 else s.code_prior):  # the prior: random digits
         row, _, attempt = decoy()
         rows.append({"prompt": row["prompt"], "completion": _answer(attempt)})
     return Dataset.from_list(rows)
@@ -535,6 +536,10 @@ def warm_checkpoint(
         "rows": digest(rows),
         "sft": config_fingerprint(config),
         "tuning": asdict(sft),
+        # The thread count orders the floating-point sums: one recipe built at torch's
+        # default on one machine and at one thread on another gave different models
+        # (docs/log.md, 2026-12-06). The CPU's kernels also do; they are not in the key.
+        "threads": torch.get_num_threads(),
     }
     if copies is not None:  # only then, so that the other warm-ups keep their keys
         copy_config = _copy_config(s, "unused")

@@ -14,6 +14,9 @@ beside the bench that runs it until a measurement makes it a default.
   token-level DAPO normalisation, an advantage a on a row is a x its tokens / all tokens);
   here each internalization row's advantage is coef x all tokens / internalization tokens,
   which gives exactly that gradient (ratio 1, beta 0; single process, as the bench runs).
+- `internalization_only`: `loss_weighted_internalization` with the retries' and the
+  reflections' rows at advantage 0: GRPO's first attempts plus the internalized rows' own
+  cross-entropy, nothing else.
 - `raft_internalization`: the ERL paper's code: every scored retry, successful or not, is
   copied under the original prompt and trained with advantage coef x max(r2, 0).
 """
@@ -53,6 +56,18 @@ class LossWeightedInternalization(ERLStep):
         return rows
 
 
+class InternalizationOnly(LossWeightedInternalization):
+    """Loss-weighted internalization, and no policy-gradient term for the retries or the
+    reflections (their rows stay in the batch with advantage 0): what the merged batch
+    adds to GRPO is the internalized rows' cross-entropy alone."""
+
+    def _new_rows(self, backend, plan, chosen, reflections, retries, advantages, kept):
+        rows = super()._new_rows(backend, plan, chosen, reflections, retries, advantages, kept)
+        for j in range(len(rows.advantages) - len(kept)):
+            rows.advantages[j] = 0.0
+        return rows
+
+
 class RaftInternalization(ERLStep):
     """Every scored retry internalized, advantage coef x max(r2, 0) (the ERL paper's code)."""
 
@@ -72,5 +87,6 @@ STEPS = {
     "no_reflection_rows": NoReflectionRows,
     "loss_weighted_internalization": LossWeightedInternalization,
     "raft_internalization": RaftInternalization,
+    "internalization_only": InternalizationOnly,
 }
 """`Arm.step` -> the ERLStep subclass the arm trains with ("" is the product's step)."""

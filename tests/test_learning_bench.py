@@ -558,6 +558,10 @@ def test_hidden_codes_copy_phase_trains_first_and_is_in_the_warm_key(tmp_path, m
         with pytest.raises(SystemExit):
             learning.parse_options(bad)
         assert "--copy_steps" in capsys.readouterr().err
+    for bad in (["--task", "hidden_code", "--code_prior", "-2"], ["--code_prior", "5"]):
+        with pytest.raises(SystemExit):
+            learning.parse_options(bad)
+        assert "--code_prior" in capsys.readouterr().err
     excluded = learning.warm_excluded(opts)
     _, key = gates.warm_checkpoint(s, tmp_path, excluded)
     assert "copy phase: 2 SFT steps on 12 rows" in capsys.readouterr().out
@@ -567,7 +571,17 @@ def test_hidden_codes_copy_phase_trains_first_and_is_in_the_warm_key(tmp_path, m
     _, without = gates.warm_checkpoint(dataclasses.replace(s, copy_steps=0), tmp_path, excluded)
     assert "warm-up: 1 SFT steps" in (out := capsys.readouterr().out) and "copy phase" not in out
     _, longer = gates.warm_checkpoint(dataclasses.replace(s, copy_steps=3), tmp_path, excluded)
-    assert len({key, without, longer}) == 3
+    # the prior's rows and the thread count the build sums with are in the key too
+    import torch
+
+    _, no_prior = gates.warm_checkpoint(dataclasses.replace(s, code_prior=0), tmp_path, excluded)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        _, other_threads = gates.warm_checkpoint(s, tmp_path, excluded)
+    finally:
+        torch.set_num_threads(threads)
+    assert len({key, without, longer, no_prior, other_threads}) == 5
 
 
 def test_a_users_model_folder_is_probed_as_it_ships(tiny_model_dir, tmp_path, capsys):

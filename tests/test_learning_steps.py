@@ -55,3 +55,11 @@ def test_raft_internalization_copies_every_retry_with_a_positive_reward():
     assert len(rows.advantages) == 9
     assert rows.advantages[6:] == pytest.approx([0.7, 0.7, 0.7 * 0.4])
     assert rows.completion_ids[6:] == [ids("right"), ids("right"), ids("wrong")]
+
+
+def test_internalization_only_zeroes_every_row_but_the_internalized():
+    weighted, ablated = run(steps.LossWeightedInternalization), run(steps.InternalizationOnly)
+    # 3 reflections and 3 retries at advantage 0; the 2 internalized rows as weighted.
+    assert ablated.completion_ids == weighted.completion_ids
+    assert ablated.advantages[:6] == [0.0] * 6
+    assert ablated.advantages[6:] == weighted.advantages[6:] and weighted.advantages[6] > 0
