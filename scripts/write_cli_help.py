@@ -68,9 +68,11 @@ def module_source(texts: dict[str, str]) -> str:
 
 
 def main() -> None:
+    from pipeline.options import project_help
+
     for folder, commands in parsers().items():
         path = REPO / folder / "help_text.py"
-        path.write_text(module_source({p: parser.format_help() for p, parser in commands.items()}))
+        path.write_text(module_source({p: project_help(parser) for p, parser in commands.items()}))
         subprocess.run([sys.executable, "-m", "ruff", "format", "-q", str(path)], check=True)
         print(f"wrote {path.relative_to(REPO)}: {', '.join(commands)}")
 

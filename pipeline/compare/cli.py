@@ -28,18 +28,27 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.lock import released_at_end
 
     with released_at_end():  # the comparison folder's lock, as a run holds its own
-        return run_command(compare, argv, _help)
+        return run_command(compare, argv, _help, _help_all)
 
 
 def _help() -> str:
     """The comparison's own options (stored, as every command's), then every run's."""
     from pipeline.compare import help_text as stored
     from pipeline.compare.config import PROG, compare_parser
-    from pipeline.options import stored_help
+    from pipeline.options import project_help, stored_help
     from pipeline.run.cli import _help as run_help
 
-    own = stored_help(stored, PROG) or compare_parser().format_help()
+    own = stored_help(stored, PROG) or project_help(compare_parser())
     return f"{own}\nThe options every run of the comparison takes:\n\n{run_help()}"
+
+
+def _help_all() -> str:
+    """The comparison's options, then every option of a run (builds the parsers)."""
+    from pipeline.compare.config import compare_parser
+    from pipeline.run.cli import _help_all as run_help_all
+
+    own = compare_parser().format_help()
+    return f"{own}\nThe options every run of the comparison takes:\n\n{run_help_all()}"
 
 
 def compare(argv: list[str]) -> int:

@@ -40,5 +40,7 @@ TEXTS = {
         "\n"
         "Every option can also be set in the --config recipe. Booleans take true or false. A bad option is\n"
         "refused in one line with exit code 2; --log_level debug adds the traceback.\n"
+        "\n"
+        "0 more options of  are accepted too: --help_all lists every option.\n"
     ),
 }

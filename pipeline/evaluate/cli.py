@@ -182,14 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.lock import released_at_end
 
     with released_at_end():  # a run folder's lock, while --output_json writes into it
-        return run_command(evaluate_from_command_line, argv, _help)
+        return run_command(evaluate_from_command_line, argv, _help, _help_all)
 
 
 def _help() -> str:
     from pipeline.evaluate import help_text as stored
-    from pipeline.options import stored_help
+    from pipeline.options import project_help, stored_help
 
-    return stored_help(stored, PROG) or evaluator_parser().format_help()
+    return stored_help(stored, PROG) or project_help(evaluator_parser())
+
+
+def _help_all() -> str:
+    return evaluator_parser().format_help()
 
 
 def evaluate_from_command_line(argv: list[str]) -> int:

@@ -20,6 +20,9 @@ so they share one convention:
 - `--help` answers at once: it prints the text stored from the command's parser
   (`help_text.py` in the command's package, written by `scripts/write_cli_help.py`;
   a test fails while it differs), because importing trl and transformers takes seconds.
+  It lists the project's own options and the library options a user reaches for first
+  (`project_help`); `--help_all` builds the parser and lists every option TRL and
+  transformers add.
 
 trl is imported inside the functions (after `activate_backend`).
 
@@ -38,6 +41,7 @@ from pipeline.options.parsing import (
     options_parser,
     parse_options,
     peek_option,
+    project_help,
     read_recipe,
 )
 from pipeline.options.values import (
@@ -67,6 +71,7 @@ __all__ = [
     "named_options",
     "notice",
     "options_parser",
+    "project_help",
     "parse_options",
     "peek_option",
     "read_recipe",

@@ -15,15 +15,20 @@ from pipeline.options.parsing import peek_option
 
 def wants_help(argv: Sequence[str]) -> bool:
     """Whether the command line asks for the help (which then ignores everything else)."""
-    return any(arg in ("-h", "--help") for arg in argv)
+    return any(arg in ("-h", "--help", "--help_all") for arg in argv)
 
 
 def run_command(
-    body: Callable[[list[str]], int], argv: Sequence[str] | None, help_text: Callable[[], str]
+    body: Callable[[list[str]], int],
+    argv: Sequence[str] | None,
+    help_text: Callable[[], str],
+    help_all: Callable[[], str] | None = None,
 ) -> int:
     """Run a command's `body(argv)` under the convention (`pipeline.options`); returns its exit code.
 
-    `--help` prints `help_text()` and returns 0. A UsageError is printed as one line and
+    `--help` prints `help_text()` (the project's options, stored) and returns 0; `--help_all`
+    prints `help_all()`, every option the parser takes (it imports trl to build it). A
+    UsageError is printed as one line and
     returns 2, a fault the user suffers (a damaged file, a full or read-only disk) returns
     1, an interrupt 130 (with the command that resumes, where the body raised
     `Interrupted`); `--log_level debug` (on the command line or in the recipe) prints the
@@ -31,7 +36,8 @@ def run_command(
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if wants_help(argv):
-        sys.stdout.write(help_text())
+        everything = "--help_all" in argv and help_all is not None
+        sys.stdout.write(help_all() if everything else help_text())
         return 0
     try:
         return body(argv)

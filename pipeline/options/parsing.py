@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,64 @@ def _rename_recipe_aliases(
             key = new[0][2:]
         renamed[key] = value
     return renamed
+
+
+# The library options --help shows beside the project's own: the ones a recipe of this
+# project sets, or a user of TRL reaches for first. Every other option of TRL's and
+# transformers' configs is accepted all the same, and listed by --help_all.
+KEY_LIBRARY_OPTIONS = (
+    "output_dir", "seed", "learning_rate", "lr_scheduler_type", "max_steps",
+    "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "num_generations", "max_completion_length", "max_length", "temperature", "beta",
+    "loss_type", "use_vllm", "bf16", "use_cpu", "gradient_checkpointing", "logging_steps",
+    "save_steps", "report_to", "log_level", "disable_tqdm",
+)  # fmt: skip
+
+
+def library_fields(dataclass_types: Sequence[type]) -> set[str]:
+    """The fields of these dataclasses that a class of trl or transformers declares (an
+    ERLConfig's GRPOConfig and TrainingArguments fields; every field of TRL's RewardConfig)."""
+    import dataclasses
+
+    names = set()
+    for kind in dataclass_types:
+        for base in kind.__mro__:
+            if base.__module__.split(".")[0] in ("trl", "transformers"):
+                names |= (
+                    {f.name for f in dataclasses.fields(base)}
+                    if dataclasses.is_dataclass(base)
+                    else set()
+                )
+    return names
+
+
+def project_help(parser) -> str:
+    """`parser`'s --help with only the project's own options and `KEY_LIBRARY_OPTIONS`;
+    a last line counts the library options left out and names --help_all, which lists
+    them (`parser.format_help()`)."""
+    hidden = library_fields(parser.dataclass_types) - set(KEY_LIBRARY_OPTIONS)
+    saved = {}
+    for action in parser._actions:
+        if action.dest in hidden and action.help != argparse.SUPPRESS:
+            saved[action] = action.help
+            action.help = argparse.SUPPRESS
+    try:
+        text = parser.format_help()
+    finally:
+        for action, help in saved.items():
+            action.help = help
+    libraries = sorted({
+        base.__name__
+        for kind in parser.dataclass_types
+        for base in kind.__mro__
+        if base.__module__.split(".")[0] in ("trl", "transformers")
+        and not base.__name__.startswith("_")
+    })  # fmt: skip
+    note = (
+        f"{len(saved)} more options of {', '.join(libraries)} are accepted too: --help_all "
+        "lists every option."
+    )
+    return text + "\n" + textwrap.fill(note, HELP_WIDTH) + "\n"
 
 
 def options_parser(

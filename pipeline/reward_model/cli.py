@@ -26,21 +26,30 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.lock import released_at_end
 
     with released_at_end():  # the output folder's lock (pipeline.lock)
-        return run_command(train_from_command_line, argv, _help)
+        return run_command(train_from_command_line, argv, _help, _help_all)
 
 
 def _help() -> str:
     """The --help text: the stored one when it is current, else the parser's (slow)."""
     from pipeline.models.backend import activate_backend
-    from pipeline.options import stored_help
+    from pipeline.options import project_help, stored_help
     from pipeline.reward_model import help_text as stored
     from pipeline.reward_model.config import PROG, reward_model_parser
 
     text = stored_help(stored, PROG)
     if text is None:
         activate_backend()  # before trl
-        text = reward_model_parser().format_help()
+        text = project_help(reward_model_parser())
     return text
+
+
+def _help_all() -> str:
+    """Every option, RewardConfig's included (builds the parser)."""
+    from pipeline.models.backend import activate_backend
+    from pipeline.reward_model.config import reward_model_parser
+
+    activate_backend()  # before trl
+    return reward_model_parser().format_help()
 
 
 def train_from_command_line(argv: list[str]) -> int:

@@ -147,14 +147,18 @@ def collector_parser():
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.reward_model.collect`; returns the exit code (2: refused)."""
-    return run_command(collect_from_command_line, argv, _help)
+    return run_command(collect_from_command_line, argv, _help, _help_all)
 
 
 def _help() -> str:
-    from pipeline.options import stored_help
+    from pipeline.options import project_help, stored_help
     from pipeline.reward_model import help_text as stored
 
-    return stored_help(stored, PROG) or collector_parser().format_help()
+    return stored_help(stored, PROG) or project_help(collector_parser())
+
+
+def _help_all() -> str:
+    return collector_parser().format_help()
 
 
 def collect_from_command_line(argv: list[str]) -> int:

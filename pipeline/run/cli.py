@@ -37,16 +37,23 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.lock import released_at_end
 
     with released_at_end():  # the output folder's lock (pipeline.lock)
-        return run_command(run_curriculum, argv, _help)
+        return run_command(run_curriculum, argv, _help, _help_all)
 
 
 def _help() -> str:
     """The --help text: the stored one when it is current, else the parser's (slow)."""
-    from pipeline.options import stored_help
+    from pipeline.options import project_help, stored_help
     from pipeline.run import help_text as stored
     from pipeline.run.config import PROG, run_parser
 
-    return stored_help(stored, PROG) or run_parser().format_help()
+    return stored_help(stored, PROG) or project_help(run_parser())
+
+
+def _help_all() -> str:
+    """Every option of the run, TRL's and transformers' included (builds the parser)."""
+    from pipeline.run.config import run_parser
+
+    return run_parser().format_help()
 
 
 @dataclass
