@@ -32,9 +32,11 @@ beside an adapter trained on a 4-bit base (`pipeline.models.quantization`);
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rewards.generations_log import GENERATIONS_FILE
 
@@ -55,6 +57,15 @@ FINAL_GGUF_DIR = "final_gguf"
 TENSORBOARD_DIR = "tensorboard"
 
 _STAGE_DIR = re.compile(re.escape(STAGE_PREFIX) + r"(\d+)")
+
+
+def read_run_config(path: Path) -> dict[str, Any]:
+    """The options recorded in a run_config.json; one that holds no JSON object of options
+    raises ValueError naming the file. Every command reads the record through this."""
+    recorded = json.loads(Path(path).read_text())
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{path}: not a JSON object of options")
+    return recorded
 
 
 def stage_name(stage: int) -> str:
@@ -78,6 +89,10 @@ class RunLayout:
     @property
     def run_config(self) -> Path:
         return self.root / RUN_CONFIG_FILE
+
+    def recorded_config(self) -> dict[str, Any] | None:
+        """run_config.json: every option the run started with (None: the folder has none)."""
+        return read_run_config(self.run_config) if self.run_config.exists() else None
 
     @property
     def state(self) -> Path:

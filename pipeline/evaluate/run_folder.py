@@ -13,7 +13,6 @@ overrides them. A stage folder is evaluated on the prompts its stage line scored
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +95,7 @@ def find_run(path: str) -> RecordedRun | None:
     layout = RunLayout(root)
     if not (layout.run_config.exists() and layout.state.exists()):
         return None
-    config = json.loads(layout.run_config.read_text())
+    config = layout.recorded_config()
     state = CurriculumState.load(layout.state)
     if root == given:
         model, stage = _run_model(layout, state)

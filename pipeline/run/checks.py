@@ -12,7 +12,6 @@ does before the first write.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from curriculum.controller import CurriculumController
@@ -69,7 +68,7 @@ def _task_to_load(run, layout: RunLayout) -> str:
     """--task as given; on a resume of a run whose task was registered by name in the
     process that started it (`register_task`), the class that run recorded."""
     if run.resume and layout.run_config.exists():
-        recorded = json.loads(layout.run_config.read_text())
+        recorded = layout.recorded_config()
         if recorded.get("task") == run.task:
             return recorded_task(recorded)
     return run.task

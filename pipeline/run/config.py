@@ -21,7 +21,7 @@ from typing import Any
 from curriculum.atomic import atomic_write_json
 from curriculum.controller import CurriculumConfig
 from curriculum.tasks.dataset_task import DatasetConfig
-from pipeline.layout import RunLayout
+from pipeline.layout import RunLayout, read_run_config
 from pipeline.models.backend import BACKEND_ENV, BACKENDS, activate_backend, resolve_backend
 from pipeline.models.loading import ModelConfig
 from pipeline.options import (
@@ -323,7 +323,7 @@ def memory_policy(path: Path) -> dict[str, bool]:
     from pipeline.erl.memory import PAPER_POLICY, ReflectionMemory
 
     if path.exists():
-        return json.loads(path.read_text()).get("memory_policy", PAPER_POLICY)
+        return read_run_config(path).get("memory_policy", PAPER_POLICY)
     return ReflectionMemory(0).policy
 
 
@@ -354,7 +354,7 @@ def config_changes(path: Path, config: dict[str, Any], output_dir: Path | None =
 
     if not path.exists():
         return ""
-    started = BEFORE_THE_OPTION | json.loads(path.read_text())
+    started = BEFORE_THE_OPTION | read_run_config(path)
     for name, (default, why) in REMOVED_OPTIONS.items():
         value = started.pop(name, default)
         if value != default:
@@ -400,7 +400,7 @@ def recorded_options(argv: list[str]) -> dict[str, Any]:
     path = RunLayout(output_dir).run_config if output_dir else None
     if path is None or not path.is_file():
         return {}
-    recorded = BEFORE_THE_OPTION | json.loads(path.read_text())
+    recorded = BEFORE_THE_OPTION | read_run_config(path)
     return recorded | {"output_dir": output_dir}  # the folder, as given now
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from curriculum.atomic import atomic_write_bytes
-from pipeline.layout import METRICS_FILE, RunLayout
+from pipeline.layout import METRICS_FILE, RunLayout, read_run_config
 
 logger = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ def _read_stages(layout: RunLayout) -> dict[int, dict[str, Any]]:
 def run_method(layout: RunLayout) -> str:
     """The method the run in `layout` trains (its run_config.json; erl before it had one)."""
     try:
-        return str(json.loads(layout.run_config.read_text()).get("method", "erl"))
+        return str(read_run_config(layout.run_config).get("method", "erl"))
     except (OSError, ValueError, AttributeError):
         return "erl"
 
