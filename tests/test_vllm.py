@@ -8,7 +8,8 @@ here have 2 heads of 32. Each engine takes 20-30 s to start; trainers on one mod
 one (`pipeline.models.vllm_colocate.shared_engine`, as the run's stages do).
 
 What a step must show: first attempts, reflections and retries all sampled by the engine;
-after every weight sync the engine's log-probs equal the trainer's within TOLERANCE; every
+after every weight sync the engine's log-probs equal the trainer's within TOLERANCE (a row's
+mean; MAX_GAP for a single token); every
 row's importance ratio near 1, internalization rows' exactly 1; with an environment, a retry
 row's ratio over the tokens the model wrote, its tool results left out, as TRL's.
 """
@@ -41,17 +42,11 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # vLLM samples from a bf16 copy of the float32 policy (its dtype "auto", which TRL passes,
 # downcasts float32): per token its log-prob differs from the trainer's by about 1e-3 on the
-# tiny model, up to ~1e-2 after large updates. A skipped sync differs by nats.
+# tiny model, a row's mean up to ~1e-2 after large updates (TOLERANCE). Single tokens go
+# further on a CPU with AMX, whose bf16 kernels gave one of 0.15 (MAX_GAP). A skipped sync
+# differs by nats.
 TOLERANCE = 0.05
-# On a CPU with AMX (seen on an Intel Xeon, 2026-12-06) the engine samples from stale weights
-# after the first update: the in-place reload does not take (the log-prob difference is
-# 0.002 at step 1, 1.15 at step 2; cause not found, vLLM's AMX-packed layers suspected). The
-# tests that check the sync are expected to fail there, strictly: the day they pass, this
-# mark goes (docs/limitations.md).
-CPU_FLAGS = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-STALE_ON_AMX = pytest.mark.xfail(
-    "amx_bf16" in CPU_FLAGS, reason="the engine's weights do not sync on an AMX CPU", strict=True
-)
+MAX_GAP = 0.25
 TWO_HEADS = {"num_attention_heads": 2, "num_key_value_heads": 2}  # head_dim 32
 
 
@@ -146,7 +141,6 @@ def trainer_on(policy, tmp_path, **overrides) -> ERLTrainer:
         )
 
 
-@STALE_ON_AMX
 @pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
 def test_every_phase_samples_from_the_engine_and_each_step_syncs(
     policy, tmp_path, mode, monkeypatch
@@ -166,7 +160,7 @@ def test_every_phase_samples_from_the_engine_and_each_step_syncs(
     # After each step's sync, TRL's own measure on the first attempts, and ours on every row.
     logged = [h for h in trainer.state.log_history if "sampling/sampling_logp_difference/max" in h]
     assert len(logged) == 2
-    assert all(h["sampling/sampling_logp_difference/max"] < TOLERANCE for h in logged)
+    assert all(h["sampling/sampling_logp_difference/max"] < MAX_GAP for h in logged)
     for output, counts in record.batches:
         assert counts["erl/internalization_rows"] > 0 and counts["erl/reflections"] > 0
         mask = loss_mask(output).bool()
@@ -177,9 +171,9 @@ def test_every_phase_samples_from_the_engine_and_each_step_syncs(
         ratio = output["importance_sampling_ratio"].expand_as(mask)
         for i in sampled:
             gap = (old[i] - sampling[i])[mask[i]].abs()
-            assert gap.max() < TOLERANCE, i
+            assert gap.mean() < TOLERANCE and gap.max() < MAX_GAP, (i, gap)
             assert gap.max() > 0, i  # the engine's log-probs, not the trainer's own
-            assert ((ratio[i][mask[i]] - 1).abs() < 0.1).all(), (i, ratio[i][mask[i]])
+            assert (ratio[i][mask[i]].log().abs() < MAX_GAP).all(), (i, ratio[i][mask[i]])
         for i in kept:  # internalization: original prompt -> retry, not sampled: exact CE
             assert torch.equal(ratio[i][mask[i]], torch.ones_like(ratio[i][mask[i]])), i
 
@@ -195,7 +189,7 @@ def test_a_skipped_sync_shows(policy, tmp_path):
         for h in trainer.state.log_history
         if "sampling/sampling_logp_difference/max" in h
     ]
-    assert max(logged) > 10 * TOLERANCE, logged
+    assert max(logged) > 2 * MAX_GAP, logged
 
 
 def test_trls_cpu_sync_is_still_the_one_the_project_replaces():
@@ -217,7 +211,6 @@ def agent_reward(completions, attempt=None, **kwargs) -> list[float]:
     return first_reward(completions, attempt)
 
 
-@STALE_ON_AMX
 def test_episodes_through_the_engine_leave_tool_results_out_of_the_ratio(
     tmp_path_factory, monkeypatch
 ):

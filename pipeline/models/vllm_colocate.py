@@ -7,8 +7,9 @@ Two things TRL 1.15 does not do, each narrow:
   layer for oneDNN after loading and drops the parameter the loader wrote to (`Parameter`
   has no `weight_loader`), so that call raises, or, where a CPU lacks oneDNN's packing,
   writes to a tensor the packed kernel no longer reads. vLLM's own in-place reload
-  (`model_runner.reload_weights`) undoes the packing, loads and packs again. GPU platforms
-  keep TRL's sync untouched.
+  (`model_runner.reload_weights`) undoes the packing, loads and packs again; a head tied to
+  the embedding, which that reload gives no weights, is repacked here. GPU platforms keep
+  TRL's sync untouched.
 - **One engine for one model across trainers** (`shared_engine`). A curriculum builds one
   trainer per stage on the same model; TRL would start a second engine beside the first,
   which a GPU (or a CPU's memory check) has no room for. The run's trainers share the engine
@@ -43,7 +44,24 @@ def _sync_by_reload(generation) -> None:
     reload, then the prefix cache dropped, as TRL does after its sync."""
     runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
     runner.reload_weights(weights_iterator=generation._iter_named_params())
+    _rebuild_head_kernels(runner.get_model())
     generation.llm.reset_prefix_cache()
+
+
+def _rebuild_head_kernels(model) -> None:
+    """Rebuild the CPU kernel of an output head the reload gave no weights: a head tied to
+    the input embedding (the trainer's parameters name the shared tensor once, as the
+    embedding). vLLM's reload repacks each layer it loads, but a layer that received no
+    weights keeps the kernel built at the first load: on a CPU with AMX an sgl-packed copy
+    of the weight (a oneDNN handle in float32), which the head then keeps computing logits
+    from. Without AVX-512 BF16 or AMX vLLM falls back to a torch linear on the live weight
+    (by its source), which is why the sync took there and not on an AMX Xeon
+    (docs/hardware.md)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    for module in model.modules():
+        if isinstance(module, ParallelLMHead) and module.weight.ndim == 2:
+            module.quant_method.process_weights_after_loading(module)
 
 
 def fix_cpu_weight_sync(trainer: Any) -> None:
