@@ -24,9 +24,14 @@ from test_run import REPO, run_args
 def start(tiny_model_dir, out: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "pipeline.run", *run_args(tiny_model_dir, out), *extra]
+    # SIGINT as a terminal delivers it: an ignored SIGINT survives exec, and Python then
+    # keeps ignoring it, so a test process that ignores it (a library may, in the full
+    # suite's workers) would make the run deaf to Ctrl-C. Suspected in one CI run where
+    # both Ctrl-C tests saw the run finish uninterrupted (not reproduced alone).
     return subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
 
 
 def finish(process: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
