@@ -166,21 +166,25 @@ KEY_LIBRARY_OPTIONS = (
 )  # fmt: skip
 
 
+def _library_bases(dataclass_types: Sequence[type]) -> list[type]:
+    """The dataclasses of trl or transformers these dataclasses are or derive from."""
+    import dataclasses
+
+    return [
+        base
+        for kind in dataclass_types
+        for base in kind.__mro__
+        if base.__module__.split(".")[0] in ("trl", "transformers")
+        and dataclasses.is_dataclass(base)
+    ]
+
+
 def library_fields(dataclass_types: Sequence[type]) -> set[str]:
     """The fields of these dataclasses that a class of trl or transformers declares (an
     ERLConfig's GRPOConfig and TrainingArguments fields; every field of TRL's RewardConfig)."""
     import dataclasses
 
-    names = set()
-    for kind in dataclass_types:
-        for base in kind.__mro__:
-            if base.__module__.split(".")[0] in ("trl", "transformers"):
-                names |= (
-                    {f.name for f in dataclasses.fields(base)}
-                    if dataclasses.is_dataclass(base)
-                    else set()
-                )
-    return names
+    return {f.name for base in _library_bases(dataclass_types) for f in dataclasses.fields(base)}
 
 
 def project_help(parser) -> str:
@@ -198,13 +202,8 @@ def project_help(parser) -> str:
     finally:
         for action, help in saved.items():
             action.help = help
-    libraries = sorted({
-        base.__name__
-        for kind in parser.dataclass_types
-        for base in kind.__mro__
-        if base.__module__.split(".")[0] in ("trl", "transformers")
-        and not base.__name__.startswith("_")
-    })  # fmt: skip
+    bases = _library_bases(parser.dataclass_types)
+    libraries = sorted({base.__name__ for base in bases if not base.__name__.startswith("_")})
     note = (
         f"{len(saved)} more options of {', '.join(libraries)} are accepted too: --help_all "
         "lists every option."
